@@ -1,0 +1,1 @@
+"""callgate normalizer stage: a sans-I/O core and a thin async worker."""

@@ -1,0 +1,1 @@
+"""callgate validator stage: a sans-I/O core and a thin async worker."""
