@@ -67,6 +67,8 @@ class Reason(StrEnum):
     COMMAND_ARGUMENT_DENIED = "command_argument_denied"
     ENV_DENIED = "env_denied"
     HOST_NOT_ALLOWED = "host_not_allowed"
+    HEADER_DENIED = "header_denied"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
     CALL_CAP_EXCEEDED = "call_cap_exceeded"
     UNKNOWN_POLICY = "unknown_policy"
     POLICY_ERROR = "policy_error"
