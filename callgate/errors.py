@@ -84,6 +84,7 @@ class Reason(StrEnum):
     TOOL_FAILED = "tool_failed"
     TOOL_TIMEOUT = "tool_timeout"
     SANDBOX_VIOLATION = "sandbox_violation"
+    INTERRUPTED = "interrupted"  # a side-effect-free call cut short by a crash; not re-run
 
     # records and plumbing
     RECORD_UNDECODABLE = "record_undecodable"
