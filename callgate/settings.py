@@ -1,0 +1,68 @@
+"""Settings shared by every worker, read from CALLGATE_* environment variables.
+
+Secrets are SecretStr so a repr, a log line or a traceback never shows them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from callgate.topics import TopicNames
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class DataHandling(StrEnum):
+    DROP = "drop"  # quarantined raw buffers are discarded (the default)
+    KEEP = "keep"  # kept, on a restricted topic only
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    kafka_bootstrap: str = "127.0.0.1:19092"
+    topic_namespace: str = "callgate"
+    partitions: int = Field(default=6, ge=1)
+    # "kid:hexkey,kid2:hexkey": every key an executor accepts; the validator signs with signing_key_id
+    signing_keys: SecretStr = SecretStr("")
+    signing_key_id: str = "dev"
+    audit_hmac_key: SecretStr | None = None  # enables content correlation in audit records
+    data_handling: DataHandling = DataHandling.DROP
+    tools_dir: Path = REPO_ROOT / "schemas" / "tools"
+    policies_dir: Path = REPO_ROOT / "policies"
+    metrics_port: int | None = None
+    worker_id: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
+
+    @property
+    def topics(self) -> TopicNames:
+        return TopicNames(self.topic_namespace)
+
+    def signing_key_map(self) -> dict[str, bytes]:
+        keys: dict[str, bytes] = {}
+        for entry in filter(None, (e.strip() for e in self.signing_keys.get_secret_value().split(","))):
+            kid, _, hexkey = entry.partition(":")
+            if not kid or not hexkey:
+                raise ValueError("CALLGATE_SIGNING_KEYS entries look like kid:hexkey")
+            keys[kid] = bytes.fromhex(hexkey)
+        return keys
+
+    def signing_key(self) -> bytes:
+        keys = self.signing_key_map()
+        if self.signing_key_id not in keys:
+            raise ValueError(f"no signing key with id {self.signing_key_id!r} in CALLGATE_SIGNING_KEYS")
+        return keys[self.signing_key_id]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        fields = {}
+        for name in cls.model_fields:
+            value = env.get(f"CALLGATE_{name.upper()}")
+            if value is not None and value != "":
+                fields[name] = value
+        return cls(**fields)
