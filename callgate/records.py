@@ -141,10 +141,12 @@ class Approval:
     """callgate.approvals: a person's answer to a pending call."""
 
     call_id: str
-    decision: str  # approve | deny
+    decision: str  # approve | deny | expire (expire: the validator's own deadline marker)
     decided_by: str
     decided_at: int
     why: str | None = None
+    run_id: str | None = None  # also the Kafka key, so one validator owns the pending call and its answer
+    args_hmac: str | None = None  # the pending call's args_hmac the person saw; binds the answer to those args
 
 
 @dataclass(frozen=True, slots=True)
