@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 
 COMMAND_MODULES: tuple[str, ...] = (
+    "callgate.cli_topics",
+    "callgate.cli_audit",
 )
 
 

@@ -57,6 +57,10 @@ from callgate.topics import TopicNames
 log = get_logger("callgate.kafka")
 
 
+class TopicMissing(LookupError):
+    """The topic does not exist (run `callgate topics create`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Output:
     topic: str
@@ -405,6 +409,8 @@ async def read_topic(
             await consumer._client.force_metadata_update()  # noqa: SLF001 - topic just created
             partitions = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if not tps:
+            raise TopicMissing(topic)
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         end = await consumer.end_offsets(tps) if until is None else None
@@ -432,6 +438,8 @@ async def iter_topic(bootstrap: str, topic: str) -> AsyncIterator[ConsumerRecord
     try:
         await consumer._client.force_metadata_update()  # noqa: SLF001
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            raise TopicMissing(topic)
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         while True:

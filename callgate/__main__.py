@@ -1,0 +1,5 @@
+import sys
+
+from callgate.cli import main
+
+sys.exit(main())
