@@ -35,6 +35,8 @@ class Settings(BaseModel):
     data_handling: DataHandling = DataHandling.DROP
     tools_dir: Path = REPO_ROOT / "schemas" / "tools"
     policies_dir: Path = REPO_ROOT / "policies"
+    approval_ttl_s: int = Field(default=900, ge=1)  # unanswered approval requests expire (validator)
+    run_state_ttl_s: int = Field(default=6 * 3600, ge=60)  # validator keeps per-run call counts this long after a run's last item
     metrics_port: int | None = None
     worker_id: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
