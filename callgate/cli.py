@@ -15,6 +15,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "callgate.cli_topics",
     "callgate.cli_audit",
+    "validator.cli",
 )
 
 
