@@ -15,6 +15,8 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "callgate.cli_topics",
     "callgate.cli_audit",
+    "executor.cli",
+    "callgate.demo",
     "validator.cli",
 )
 
