@@ -26,10 +26,20 @@ def checked_url(url: str, allowed_hosts: frozenset[str]) -> httpx.URL:
         raise ExecutionError(Reason.SANDBOX_VIOLATION, "url refused") from None
     if parsed.scheme not in ("http", "https") or parsed.userinfo:
         raise ExecutionError(Reason.SANDBOX_VIOLATION, "url form refused")
-    host = parsed.host.lower().rstrip(".")
-    if host not in {h.lower().rstrip(".") for h in allowed_hosts}:
+    if not host_allowed(parsed.host.lower().rstrip("."), allowed_hosts):
         raise ExecutionError(Reason.HOST_NOT_ALLOWED, "host not in allowlist")
     return parsed
+
+
+def host_allowed(host: str, allowed_hosts: frozenset[str]) -> bool:
+    """Exact names, or "*.example.com" for strict subdomains (the policy file's syntax)."""
+    for entry in (h.lower().rstrip(".") for h in allowed_hosts):
+        if entry.startswith("*."):
+            if host.endswith(entry[1:]) and host != entry[2:]:
+                return True
+        elif host == entry:
+            return True
+    return False
 
 
 def http_request(args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:

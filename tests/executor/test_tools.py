@@ -357,3 +357,13 @@ def test_read_for_digest(ws: Path) -> None:
     assert files.read_for_digest(str(ws), "src/a.txt", 100) == b"hello"
     assert files.read_for_digest(str(ws), "src/a.txt", 3) is None
     assert files.read_for_digest(str(ws), "missing", 100) is None
+
+
+def test_host_allowed_wildcards() -> None:
+    from executor.tools.http import host_allowed
+
+    allowed = frozenset({"*.example.com", "api.test"})
+    assert host_allowed("a.example.com", allowed) and host_allowed("api.test", allowed)
+    assert not host_allowed("example.com", allowed)
+    assert not host_allowed("evil-example.com", allowed)
+    assert not host_allowed("api.test.evil", allowed)
