@@ -529,6 +529,15 @@ def _build(data: Mapping[str, Any], base_dir: Path) -> Policy:
     unknown = set(data) - known_sections
     if unknown:
         raise PolicyLoadError(f"unknown sections {sorted(unknown)}")
+    _known_keys("policy", head, {"id", "version", "workspace_root", "max_calls_per_run", "max_timeout_s"})
+    _known_keys("paths", data.get("paths", {}), {"allow", "deny"})
+    _known_keys("env", data.get("env", {}), {"allow"})
+    _known_keys("http", data.get("http", {}),
+                {"allowed_hosts", "allowed_schemes", "allowed_methods", "allowed_ports"})
+    for name, spec in data.get("commands", {}).items():
+        _known_keys(f"commands.{name}", spec, {"path", "subcommands", "allowed_flags", "deny_args", "max_args"})
+    for entry in data.get("approval", ()):
+        _known_keys("approval", entry, {"rule", "tools", "programs", "subcommands"})
     root = Path(head["workspace_root"])
     if not root.is_absolute():
         root = base_dir / root
@@ -579,6 +588,13 @@ def _build(data: Mapping[str, Any], base_dir: Path) -> Policy:
         approvals=approvals,
         max_timeout_s=int(head.get("max_timeout_s", 600)),
     )
+
+
+def _known_keys(section: str, table: Mapping[str, Any], allowed: set[str]) -> None:
+    # a misspelt key ("allowed_host") would silently loosen nothing or tighten nothing: refuse it
+    unknown = set(table) - allowed
+    if unknown:
+        raise PolicyLoadError(f"[{section}]: unknown keys {sorted(unknown)}")
 
 
 def _opt_set(values: Iterable[str] | None) -> frozenset[str] | None:
