@@ -13,6 +13,7 @@ The state directory holds `server.properties`, the logs, `broker.pid` and
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -29,7 +30,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 POM = REPO_ROOT / "dev" / "kafka-libs" / "pom.xml"
 KAFKA_VERSION = "4.4.0"
 CACHE_DIR = Path(os.environ.get("CALLGATE_CACHE_DIR", Path.home() / ".cache" / "callgate"))
-LIBS_DIR = Path(os.environ.get("CALLGATE_KAFKA_LIBS", CACHE_DIR / f"kafka-libs-{KAFKA_VERSION}"))
+# keyed by the pom's content, so editing a version fetches a fresh classpath
+_POM_DIGEST = hashlib.sha256(POM.read_bytes()).hexdigest()[:10] if POM.exists() else "nopom"
+LIBS_DIR = Path(os.environ.get("CALLGATE_KAFKA_LIBS", CACHE_DIR / f"kafka-libs-{KAFKA_VERSION}-{_POM_DIGEST}"))
 DEFAULT_STATE_DIR = Path(os.environ.get("CALLGATE_KAFKA_STATE", REPO_ROOT / "var" / "kafka"))
 DEFAULT_PORT = 19092
 
@@ -39,7 +42,6 @@ JVM_FLAGS = (
     "-Xmx768m",
     "-XX:+UseSerialGC",
     "-XX:TieredStopAtLevel=1",
-    "-XX:+ExplicitGCInvokesConcurrent",
     "-Djava.awt.headless=true",
 )
 
@@ -117,7 +119,7 @@ def ensure_libs(libs_dir: Path = LIBS_DIR) -> Path:
     libs_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [
-            "mvn", "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
+            "mvn", "-B", "-q", "-Dstyle.color=never", "-f", str(POM), "dependency:copy-dependencies",
             "-DincludeScope=runtime", f"-DoutputDirectory={libs_dir}",
         ],
         check=True,
