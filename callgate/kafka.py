@@ -100,6 +100,7 @@ __all__ = [
     "PartitionReader",
     "Processor",
     "ProcessorFactory",
+    "TopicMissing",
     "TransactionalStage",
     "create_topics",
     "delete_topics",
@@ -115,6 +116,10 @@ log = get_logger("callgate.kafka")
 
 TOPIC_ALREADY_EXISTS = 36
 RETRY_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
+
+
+class TopicMissing(ValueError):
+    """The topic does not exist (run `callgate topics create`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -502,7 +507,7 @@ class TransactionalStage:
     async def _check_copartitioned(self) -> None:
         counts = await partition_counts(self.bootstrap, self.input_topics)
         if 0 in counts.values():
-            raise ValueError(f"input topics missing: {sorted(t for t, n in counts.items() if n == 0)}")
+            raise TopicMissing(", ".join(sorted(t for t, n in counts.items() if n == 0)))
         if len(set(counts.values())) > 1:
             raise ValueError(f"input topics must have equal partition counts: {counts}")
 
@@ -557,14 +562,10 @@ async def run_transactional_stage(
     await stage.run(stop)
 
 
-class TopicMissing(ValueError):
-    """The topic does not exist (run `callgate topics create`)."""
-
-
 async def _assign_whole_topic(consumer: AIOKafkaConsumer, bootstrap: str, topic: str) -> list[TopicPartition]:
     count = (await partition_counts(bootstrap, [topic]))[topic]
     if not count:
-        raise ValueError(f"topic {topic} does not exist")
+        raise TopicMissing(topic)
     tps = [TopicPartition(topic, p) for p in range(count)]
     consumer.assign(tps)
     await consumer.seek_to_beginning(*tps)
