@@ -146,9 +146,12 @@ class ExecutorWorker:
 
     async def _acquire(self, partitions: list[int]) -> None:
         async with self._lock:
-            for partition in partitions:
-                if partition not in self._owned:
-                    await self._build(partition)
+            # in parallel: each build is a fencing round trip plus a ledger read
+            wanted = [p for p in partitions if p not in self._owned]
+            outcomes = await asyncio.gather(*(self._build(p) for p in wanted), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     async def _build(self, partition: int) -> None:
         assert self._consumer is not None
