@@ -108,3 +108,58 @@ async def test_corpus_sample_good_call_and_approvals(kafka_bootstrap, topics, tm
     for record in await read_topic(kafka_bootstrap, topics.audit):
         assert not any(m in record.value for m in raw_markers)
     assert {a.call_id for a in audit} >= bad_ids | {good.call_id}
+
+
+async def test_pending_call_survives_a_restart(kafka_bootstrap, topics, tmp_path) -> None:
+    root = make_workspace(tmp_path)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    write_policy(policies, root)
+    settings = Settings(
+        kafka_bootstrap=kafka_bootstrap, topic_namespace=topics.namespace,
+        signing_keys=SecretStr(f"k1:{KEY_HEX}"), signing_key_id="k1", policies_dir=policies,
+    )
+    call = item("http_request", {"method": "GET", "url": "https://example.com/r"}, run_id="run-restart")
+    producer = await make_producer(kafka_bootstrap)
+    try:
+        await producer.send_and_wait(topics.items, encode(call), key=call.run_id.encode())
+    finally:
+        await producer.stop()
+    group = f"{topics.namespace}-validator"
+
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_validator(settings, stop, group_id=group))
+    try:
+        await read_topic(kafka_bootstrap, topics.calls_pending, until=lambda rs: len(rs) >= 1, timeout_s=90)
+        # wait until the worker has also consumed its pending call back (committed offset moved)
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            deadline = asyncio.get_running_loop().time() + 60
+            while True:
+                offsets = await admin.list_consumer_group_offsets(group)
+                if any(tp.topic == topics.calls_pending and m.offset >= 1 for tp, m in offsets.items()):
+                    break
+                assert asyncio.get_running_loop().time() < deadline, "pending call never consumed"
+                await asyncio.sleep(0.2)
+        finally:
+            await admin.close()
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 60)
+
+    # the approval is written while no validator runs; a new one must rebuild the open call by replay
+    assert await answer(settings, call.call_id, "approve", decided_by="carol") == 0
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_validator(settings, stop, group_id=group))
+    try:
+        approved = [decode(r.value) for r in await read_topic(
+            kafka_bootstrap, topics.calls_approved, until=lambda rs: len(rs) >= 1, timeout_s=90)]
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 60)
+    assert [a.call_id for a in approved] == [call.call_id]
+    assert approved[0].approved_by == "carol"
+    verify(approved[0], {"k1": bytes.fromhex(KEY_HEX)})
