@@ -381,7 +381,8 @@ class ExecutorWorker:
         approved = consumer.partitions_for_topic(self.topics.calls_approved) or set()
         ledger_parts = consumer.partitions_for_topic(self.topics.ledger) or set()
         if not approved or approved != ledger_parts:
-            raise ExecutionError(Reason.POLICY_ERROR, "ledger and approved topics must have equal partitions")
+            # a deployment error, not an item outcome: refuse to start rather than mis-partition the ledger
+            raise RuntimeError("the ledger and approved topics must exist with equal partition counts")
 
     async def run(self, stop: asyncio.Event) -> None:
         self._consumer = consumer = AIOKafkaConsumer(

@@ -193,3 +193,27 @@ async def test_started_without_finished_is_reconciled_not_rerun(kafka_bootstrap,
         written.call_id: "FINISHED", unwritten.call_id: "IN_DOUBT", command.call_id: "IN_DOUBT",
         reader.call_id: "FINISHED",
     }
+
+
+async def test_ledger_show_cli(kafka_bootstrap, topics, tmp_path: Path):
+    import os
+
+    from tests.executor.support import topics_env
+
+    call = approved_call(run_id="run-cli", tool="list_dir", args={"path": "."}, workspace=tmp_path)
+    await publish(kafka_bootstrap, topics.calls_approved, [call])
+
+    async def done():
+        await decoded(kafka_bootstrap, topics.results, until=lambda rs: len(rs) >= 1)
+
+    await _run_until(_worker(kafka_bootstrap, topics), done)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")},
+           **topics_env(kafka_bootstrap, topics)}
+    shown = subprocess.run([sys.executable, "-m", "callgate.cli", "ledger", "show", call.call_id], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0
+    phases = [json.loads(line)["phase"] for line in shown.stdout.splitlines()]
+    assert phases == ["STARTED", "FINISHED"]
+    missing = subprocess.run([sys.executable, "-m", "callgate.cli", "ledger", "show", "no-such-call"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and missing.stdout == ""
