@@ -117,13 +117,17 @@ def ensure_libs(libs_dir: Path = LIBS_DIR) -> Path:
     if shutil.which("mvn") is None:
         raise BrokerError("mvn is not on PATH: it is needed once to fetch the Kafka jars")
     libs_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
+    fetched = subprocess.run(
         [
             "mvn", "-B", "-q", "-Dstyle.color=never", "-f", str(POM), "dependency:copy-dependencies",
             "-DincludeScope=runtime", f"-DoutputDirectory={libs_dir}",
         ],
-        check=True,
+        capture_output=True,
+        text=True,
+        check=False,
     )
+    if fetched.returncode != 0:  # quiet when it works, the whole story when it does not
+        raise BrokerError(f"mvn failed ({fetched.returncode}):\n{fetched.stdout[-4000:]}{fetched.stderr[-4000:]}")
     if not any(libs_dir.glob("kafka_2.13-*.jar")):
         raise BrokerError(f"maven finished but no kafka jar is in {libs_dir}")
     marker.write_text(KAFKA_VERSION)
