@@ -15,7 +15,7 @@ import pytest
 from callgate.signing import canonical_json
 from executor.worker import ExecutorConfig, ExecutorWorker
 from tests.executor.support import (
-    APPEND_MARKER, KEYS, approved_call, decoded, final_ledger, markers, publish, wait_for,
+    APPEND_MARKER, KEYS, approved_call, decoded, final_ledger, markers, publish,
 )
 
 pytestmark = pytest.mark.kafka
