@@ -65,7 +65,9 @@ Per batch and partition: begin, send the offsets with the metadata (before the
 records: the workaround for aiokafka #1004), send the outputs, commit. On any
 failure: abort, drop the processor and producer, and rebuild both from what
 committed (immediately, then with backoff): nothing is half-applied, so a
-read_committed reader sees each input's outputs exactly once.
+read_committed reader sees each input's outputs exactly once. A dead aiokafka
+sender (e.g. the KeyError race of aiokafka #1098) surfaces as a failed commit
+and takes the same path, with a fresh producer.
 
 Rebalances are eager (aiokafka has no cooperative protocol): every partition
 is revoked and then reassigned. A processor whose committed offsets and
