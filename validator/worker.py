@@ -334,8 +334,9 @@ def build_validator(settings: Settings) -> Validator:
     )
 
 
-async def run_validator(settings: Settings, stop: asyncio.Event, *, group_id: str = "callgate-validator") -> None:
+async def run_validator(settings: Settings, stop: asyncio.Event, *, group_id: str | None = None) -> None:
     topics = settings.topics
+    group_id = group_id or f"{topics.namespace}-validator"  # one group per topic namespace
     await run_transactional_stage(
         stop,
         bootstrap=settings.kafka_bootstrap,
