@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "executor.cli",
     "callgate.demo",
     "validator.cli",
+    "normalizer.check",
 )
 
 

@@ -33,6 +33,8 @@ class Reason(StrEnum):
     DUPLICATE_ITEM = "duplicate_item"
     ID_REUSE = "id_reuse"
     DELTA_FOR_UNKNOWN_ITEM = "delta_for_unknown_item"
+    DELTA_AFTER_TERMINAL = "delta_after_terminal"
+    UNKNOWN_ATTEMPT = "unknown_attempt"  # a record for an attempt the normalizer has no open state for
     MALFORMED_PROVIDER_EVENT = "malformed_provider_event"
     ITEM_TOO_LARGE = "item_too_large"
     UNKNOWN_ROUTE = "unknown_route"
