@@ -198,12 +198,15 @@ class LocalBroker:
         broker = cls(state_dir=state_dir, port=int(info["port"]))
         return broker if broker.running_pid() is not None else None
 
-    def _write_config(self) -> tuple[Path, Path]:
-        controller_port = free_port()
+    def _write_config(self, *, keep_controller_port: bool = False) -> tuple[Path, Path]:
+        props = self.state_dir / "server.properties"
+        previous = props.read_text() if keep_controller_port and props.exists() else ""
+        kept = [line.rsplit(":", 1)[1] for line in previous.splitlines() if line.startswith("controller.quorum.voters=")]
+        # a restart on kept data keeps the controller's address: the quorum state names it
+        controller_port = int(kept[0]) if kept else free_port()
         while controller_port == self.port:
             controller_port = free_port()
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
-        props = self.state_dir / "server.properties"
         props.write_text(
             SERVER_PROPERTIES.format(
                 port=self.port, controller_port=controller_port, data=self.state_dir / "data"
@@ -214,7 +217,11 @@ class LocalBroker:
         return props, log4j
 
     def start(self, *, timeout_s: float = 90.0, fresh: bool = True) -> None:
-        """Format storage and start the broker; return once it answers Kafka requests."""
+        """Format storage and start the broker; return once it answers Kafka requests.
+
+        fresh=False keeps the data directory (topics, offsets, transactions) of a
+        previous start from the same state_dir: a broker restart.
+        """
         if self.running_pid() is not None:
             raise BrokerError(f"a broker already runs from {self.state_dir}")
         if _port_open(self.port):
@@ -223,17 +230,19 @@ class LocalBroker:
         if fresh and (self.state_dir / "data").exists():
             shutil.rmtree(self.state_dir / "data")
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        props, log4j = self._write_config()
+        formatted = (self.state_dir / "data" / "meta.properties").exists()
+        props, log4j = self._write_config(keep_controller_port=formatted)
         classpath = f"{libs}/*"
         log_opt = f"-Dlog4j2.configurationFile={log4j}"
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         java = _java()
-        subprocess.run(
-            [java, "-Xmx256m", "-XX:TieredStopAtLevel=1", log_opt, "-cp", classpath,
-             "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), "--ignore-formatted"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        if not formatted:  # kept data (fresh=False) is already formatted with its own cluster id
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+            subprocess.run(
+                [java, "-Xmx256m", "-XX:TieredStopAtLevel=1", log_opt, "-cp", classpath,
+                 "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), "--ignore-formatted"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
         console = open(self.state_dir / "logs" / "console.log", "ab")
         process = subprocess.Popen(
             [java, *JVM_FLAGS, log_opt, f"-Dkafka.logs.dir={self.state_dir / 'logs'}",

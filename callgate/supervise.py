@@ -27,6 +27,7 @@ class WorkerProcess:
     process: subprocess.Popen | None = None
     starts: int = 0
     kills: int = 0
+    exit_expected: bool = False  # set by kill() and stop(): such an exit is ours, not a crash
     _log_paths: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -40,6 +41,7 @@ class WorkerProcess:
         if self.running:
             return
         self.starts += 1
+        self.exit_expected = False
         log_path = self.log_dir / f"{self.name}.{self.starts}.log"
         self._log_paths.append(log_path)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -56,6 +58,7 @@ class WorkerProcess:
         """SIGKILL: no shutdown hooks, no flush; what a crash looks like."""
         if self.running:
             assert self.process is not None
+            self.exit_expected = True
             self.process.send_signal(signal.SIGKILL)
             self.process.wait()
             self.kills += 1
@@ -64,6 +67,7 @@ class WorkerProcess:
         """SIGTERM and wait; SIGKILL if it does not stop in time. Returns the exit code."""
         if self.process is None:
             return None
+        self.exit_expected = True
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -97,7 +101,10 @@ class Fleet:
 
     def dead(self) -> list[WorkerProcess]:
         """Workers that exited on their own (not killed by us and not stopped)."""
-        return [w for w in self.workers if w.process is not None and w.process.poll() is not None]
+        return [
+            w for w in self.workers
+            if w.process is not None and w.process.poll() is not None and not w.exit_expected
+        ]
 
 
 def wait_for(condition, *, timeout_s: float, interval_s: float = 0.1, what: str = "condition") -> None:
