@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "callgate.demo",
     "validator.cli",
     "normalizer.check",
+    "ingest.cli",
 )
 
 
