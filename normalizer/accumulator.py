@@ -353,6 +353,9 @@ class RunAccumulator:
         rid = attempt.response_id or NO_RESPONSE
         item = attempt.items.get((rid, event.item_key))
         if item is None:
+            if event.kind not in (None, ItemKind.FUNCTION_CALL):
+                attempt.counters["unmatched_non_call_terminals"] += 1  # e.g. a gateway rotating text item ids
+                return []
             return self._anomaly(attempt, Reason.DELTA_FOR_UNKNOWN_ITEM, rid, event.item_key, 0,
                                  event.provider_event, at, detail="terminal_for_unknown_item")
         if item.poisoned:
@@ -369,7 +372,7 @@ class RunAccumulator:
             return self._anomaly(attempt, Reason.DUPLICATE_ITEM, rid, item.key, 0, event.provider_event, at,
                                  call_id=item.call_id)
         item.last_event = event.provider_event
-        if item.deltas == 0 and not item.buffer:
+        if not item.buffer:
             # no argument bytes streamed: the provider's own whole copy (or the block's declared input)
             adopted = event.final_arguments if event.final_arguments is not None else item.default_arguments
             item.buffer += (adopted or "").encode("utf-8", "surrogatepass")

@@ -71,6 +71,7 @@ class ItemFinished:
     # the provider's own copy of the whole arguments, when its terminal event carries one
     # (Responses output_item.done): adopted when no delta came, checked against the buffer otherwise
     final_arguments: str | None = None
+    kind: ItemKind | None = None  # when the terminal event itself says what the item was
 
 
 @dataclass(frozen=True, slots=True)

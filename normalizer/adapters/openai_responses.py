@@ -59,7 +59,10 @@ def _kind(item_type: object) -> ItemKind:
 
 def _error_code(obj: dict[str, Any], default: str | None) -> str | None:
     # documented shape: top-level code/message; observed: nested {"error": {...}}, or inside response.error
-    for holder in (obj, obj.get("error"), (obj.get("response") or {}).get("error") if isinstance(obj.get("response"), dict) else None):
+    if safe_code(obj.get("code")):
+        return safe_code(obj.get("code"))
+    response = obj.get("response")
+    for holder in (obj.get("error"), response.get("error") if isinstance(response, dict) else None):
         if isinstance(holder, dict):
             code = safe_code(holder.get("code")) or safe_code(holder.get("type"))
             if code:
@@ -104,8 +107,9 @@ class OpenAIResponsesAdapter:
         if kind == "response.output_item.done":
             item = mapping(obj, "item")
             key = text(item, "id")
-            final = text(item, "arguments", required=False) if _kind(item.get("type")) is ItemKind.FUNCTION_CALL else None
-            return [ItemFinished(name, key, final)]
+            item_kind = _kind(item.get("type"))
+            final = text(item, "arguments", required=False) if item_kind is ItemKind.FUNCTION_CALL else None
+            return [ItemFinished(name, key, final, item_kind)]
         if kind == "response.created":
             return [ResponseStarted(name, text(mapping(obj, "response"), "id"))]
         if kind == "response.completed":
