@@ -39,6 +39,7 @@ RECORD_TYPES: tuple[type, ...] = (
     records.TransportEnd,
     records.TerminalItem,
     records.DeadLetter,
+    records.QuarantinedBuffer,
     records.PendingCall,
     records.Approval,
     records.ApprovedCall,

@@ -117,6 +117,20 @@ class DeadLetter:
 
 
 @dataclass(frozen=True, slots=True)
+class QuarantinedBuffer:
+    """callgate.quarantine: a quarantined item's raw bytes, only when data handling is `keep`. Restricted."""
+
+    run_id: str
+    attempt_id: str
+    response_id: str
+    item_id: str
+    call_id: str  # the call id of the matching DeadLetter
+    reason: str
+    arguments: bytes  # the buffer as accumulated when the item was quarantined
+    observed_at: int
+
+
+@dataclass(frozen=True, slots=True)
 class PendingCall:
     """callgate.calls.pending: a valid call waiting for a person. Restricted."""
 

@@ -37,6 +37,8 @@ class Settings(BaseModel):
     policies_dir: Path = REPO_ROOT / "policies"
     approval_ttl_s: int = Field(default=900, ge=1)  # unanswered approval requests expire (validator)
     run_state_ttl_s: int = Field(default=6 * 3600, ge=60)  # validator keeps per-run call counts this long after a run's last item
+    run_idle_deadline_s: float = Field(default=120.0, gt=0)  # normalizer: an open attempt silent this long is quarantined
+    max_item_bytes: int = Field(default=4 << 20, ge=1)  # normalizer: memory cap per accumulated item
     metrics_port: int | None = None
     worker_id: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 

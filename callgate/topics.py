@@ -58,6 +58,11 @@ class TopicNames:
         return f"{self.namespace}.dlq"
 
     @property
+    def quarantine(self) -> str:
+        """Raw buffers of quarantined items, only when data handling is `keep`."""
+        return f"{self.namespace}.quarantine"
+
+    @property
     def audit(self) -> str:
         return f"{self.namespace}.audit"
 
@@ -76,6 +81,7 @@ class TopicNames:
             TopicSpec(self.approvals, 7 * DAY_MS),
             TopicSpec(self.results, 7 * DAY_MS, restricted=True),
             TopicSpec(self.dlq, 30 * DAY_MS),
+            TopicSpec(self.quarantine, 3 * DAY_MS, restricted=True),
             TopicSpec(self.audit, 90 * DAY_MS),
             TopicSpec(self.ledger, -1, compacted=True, restricted=True),
         )

@@ -51,7 +51,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from callgate.errors import Reason, StreamError as StreamFailure
-from callgate.records import AttemptStarted, AuditRecord, DeadLetter, RawSseMessage, TerminalItem, TransportEnd
+from callgate.records import (
+    AttemptStarted, AuditRecord, DeadLetter, QuarantinedBuffer, RawSseMessage, TerminalItem, TransportEnd,
+)
 from callgate.states import ItemState
 
 from normalizer.adapters import Adapter, get_adapter
@@ -76,18 +78,7 @@ class Limits:
     idle_deadline_ms: int = 120_000
 
 
-@dataclass(frozen=True, slots=True)
-class RetainedBuffer:
-    """A quarantined item's raw bytes, only when data handling is `keep`. Restricted."""
-
-    run_id: str
-    attempt_id: str
-    response_id: str
-    item_id: str
-    call_id: str
-    reason: str
-    arguments: bytes
-    observed_at: int
+RetainedBuffer = QuarantinedBuffer  # written to the restricted quarantine topic
 
 
 Output = TerminalItem | DeadLetter | AuditRecord | RetainedBuffer
