@@ -24,6 +24,7 @@ class WorkerProcess:
     log_dir: Path
     args: Sequence[str] = ()
     name: str = ""
+    interpreter_args: Sequence[str] = ()  # before `-m callgate`, e.g. ("-m", "cProfile", "-o", PATH) for a profile
     process: subprocess.Popen | None = None
     starts: int = 0
     kills: int = 0
@@ -47,7 +48,7 @@ class WorkerProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "callgate", self.stage, *self.args],
+                [sys.executable, *self.interpreter_args, "-m", "callgate", self.stage, *self.args],
                 env={**os.environ, **self.env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
