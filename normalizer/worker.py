@@ -20,12 +20,15 @@ at or after replay_from and is replayed whole. Call ids are fresh random
 values; only items still open are re-keyed, and none of those was written.
 
 Idle deadline under replay: tick() never quarantines anything itself. When
-an open attempt's last record is older than the deadline (wall clock), it
-writes a TransportEnd with reason `run_idle_deadline` to sse.raw, keyed by
-the run id (so it lands on the same partition), in a transaction. The
-quarantine happens when that marker is consumed, as ordinary input: a
-rebuilt processor replays it, and a second marker (a rebuilt processor may
-send one) finds no open attempt and is silent.
+this processor has consumed nothing of an open attempt for the deadline
+(its own wall clock, counted from when it last fed one of the run's records,
+or from its own start for replayed runs, so a worker coming back after
+downtime does not condemn every open run at once), it writes a TransportEnd
+with reason `run_idle_deadline` to sse.raw, keyed by the run id (so it lands
+on the same partition), in a transaction. The quarantine happens when that
+marker is consumed, as ordinary input: a rebuilt processor replays it, and a
+second marker (a rebuilt processor may send one) finds no open attempt, or a
+newer attempt, and is silent.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -65,6 +69,8 @@ class NormalizerProcessor:
     core: Normalizer = field(init=False)
     next_offset: int = 0
     markers_sent: set[tuple[str, str]] = field(default_factory=set)
+    fed_at: dict[str, int] = field(default_factory=dict)  # run id -> wall ms when we last fed one of its records
+    started_ms: int = field(default_factory=lambda: _wall_ms())
     live: bool = True  # False while replaying: no metrics for outputs that committed already
 
     def __post_init__(self) -> None:
@@ -88,17 +94,26 @@ class NormalizerProcessor:
 
     def tick(self, now_ms: int) -> list[Output]:
         outputs = []
-        for idle in self.core.idle_attempts(now_ms):
-            if (idle.run_id, idle.attempt_id) in self.markers_sent:
+        for run_id in [r for r in self.fed_at if r not in self.core.runs]:
+            del self.fed_at[run_id]
+        for run_id, run in self.core.runs.items():
+            attempt = run.attempt
+            if attempt is None or (run_id, attempt.attempt_id) in self.markers_sent:
                 continue
-            self.markers_sent.add((idle.run_id, idle.attempt_id))
+            quiet_since = max(self.fed_at.get(run_id, self.started_ms), self.started_ms)
+            if now_ms - quiet_since < self.limits.idle_deadline_ms:
+                continue
+            self.markers_sent.add((run_id, attempt.attempt_id))
+            # ended_at: the last record's own time plus the deadline, not our clock, so the
+            # quarantine record says when the run's silence became final in the run's own terms
             marker = TransportEnd(
-                run_id=idle.run_id, attempt_id=idle.attempt_id, seq=-1, route=idle.route,
-                reason=IDLE_MARKER_REASON, ended_at=now_ms, bytes_received=0, messages=0,
+                run_id=run_id, attempt_id=attempt.attempt_id, seq=-1, route=attempt.record.route,
+                reason=IDLE_MARKER_REASON, ended_at=attempt.last_activity_ms + self.limits.idle_deadline_ms,
+                bytes_received=0, messages=0,
             )
-            outputs.append(Output(self.topics.sse_raw, idle.run_id.encode(), encode(marker)))
-            log.info("run idle past its deadline; marker written", stage=STAGE, run_id=idle.run_id,
-                     attempt_id=idle.attempt_id)
+            outputs.append(Output(self.topics.sse_raw, run_id.encode(), encode(marker)))
+            log.info("run idle past its deadline; marker written", stage=STAGE, run_id=run_id,
+                     attempt_id=attempt.attempt_id)
         return outputs
 
     def commit_metadata(self) -> str:
@@ -119,6 +134,7 @@ class NormalizerProcessor:
             return self._parked(record, Reason.UNKNOWN_SCHEMA)
         if isinstance(value, TransportEnd):
             self.markers_sent.discard((value.run_id, value.attempt_id))
+        self.fed_at[value.run_id] = _wall_ms()
         return [self._output(out) for out in self.core.feed(value, record.offset)]
 
     def _output(self, out) -> Output:
@@ -156,6 +172,10 @@ class NormalizerProcessor:
             detail_code=f"{record.topic}[{record.partition}]@{record.offset}",
         )
         return [Output(self.topics.dlq, record.key, encode(dead))]
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _route_label(route: str) -> str:
