@@ -7,10 +7,20 @@ the schema, so one topic may carry several record types (sse.raw carries
 AttemptStarted, RawSseMessage and TransportEnd) and an audit consumer needs
 nothing but the files in `schemas/` to decode any record.
 
-Every decoding failure raises `RecordError` naming topic, partition and
-offset, with no record bytes in the message. A worker treats it as a poison
-record: it parks it (a dead letter with reason `record_undecodable`) and
-moves on, instead of crashing and re-reading the same offset forever.
+Every dataclass in `callgate.records` has one schema, found by its class name;
+field names are the dataclass field names. Times are `long` with logical type
+`timestamp-millis` in the files, so an outside reader gets datetimes; the
+records themselves carry integer milliseconds, so this codec reads and writes
+the plain `long` underneath (logical types are not part of the canonical form:
+the fingerprint is the same either way).
+
+Every decoding failure (short buffer, bad marker, unknown fingerprint, corrupt
+body, trailing bytes, a missing value) raises `RecordError` with reason
+`record_undecodable` or `unknown_schema`, naming topic, partition and offset,
+with no record bytes in the message; nothing else escapes `decode`. A worker
+treats it as a poison record: it parks it (a dead letter with reason
+`record_undecodable`), commits past it and moves on, instead of crashing and
+re-reading the same offset forever.
 """
 
 from __future__ import annotations
@@ -32,32 +42,24 @@ SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 MARKER = b"\xc3\x01"
 HEADER_LEN = len(MARKER) + 8
 
-RECORD_TYPES: tuple[type, ...] = (
-    records.RunRequest,
-    records.AttemptStarted,
-    records.RawSseMessage,
-    records.TransportEnd,
-    records.TerminalItem,
-    records.DeadLetter,
-    records.QuarantinedBuffer,
-    records.PendingCall,
-    records.Approval,
-    records.ApprovedCall,
-    records.ToolResult,
-    records.LedgerEntry,
-    records.AuditRecord,
+# Every record dataclass, in definition order.
+RECORD_TYPES: tuple[type, ...] = tuple(
+    obj
+    for obj in vars(records).values()
+    if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == records.__name__
 )
 
 
 @dataclass(frozen=True, slots=True)
 class _Codec:
     record_type: type
-    schema: Any  # parsed by fastavro
+    schema: Any  # parsed by fastavro, logical types stripped
     header: bytes
     field_names: tuple[str, ...]
 
 
 def schema_fingerprint(schema: dict[str, Any]) -> bytes:
+    """The 8 header bytes for a schema: CRC-64-AVRO of its canonical form, little-endian."""
     parsed = fastavro.parse_schema(schema)
     return bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
 
@@ -71,18 +73,30 @@ def load_schemas(schema_dir: Path = SCHEMA_DIR) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _without_logical_types(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_logical_types(v) for k, v in node.items() if k != "logicalType"}
+    if isinstance(node, list):
+        return [_without_logical_types(v) for v in node]
+    return node
+
+
 def _build() -> tuple[dict[type, _Codec], dict[bytes, _Codec]]:
     schemas = load_schemas()
     by_type: dict[type, _Codec] = {}
     by_fingerprint: dict[bytes, _Codec] = {}
     for record_type in RECORD_TYPES:
-        raw = schemas[record_type.__name__]
+        raw = schemas.get(record_type.__name__)
+        if raw is None:
+            raise RuntimeError(f"no schema in {SCHEMA_DIR} for record type {record_type.__name__}")
         codec = _Codec(
             record_type=record_type,
-            schema=fastavro.parse_schema(raw),
+            schema=fastavro.parse_schema(_without_logical_types(raw)),
             header=MARKER + schema_fingerprint(raw),
             field_names=tuple(f.name for f in dataclasses.fields(record_type)),
         )
+        if codec.header[2:] in by_fingerprint:
+            raise RuntimeError(f"{record_type.__name__} has the same fingerprint as another schema")
         by_type[record_type] = codec
         by_fingerprint[codec.header[2:]] = codec
     return by_type, by_fingerprint
@@ -92,6 +106,7 @@ _BY_TYPE, _BY_FINGERPRINT = _build()
 
 
 def encode(record: Any) -> bytes:
+    """Single-object Avro bytes for any record dataclass (TypeError for anything else)."""
     codec = _BY_TYPE.get(type(record))
     if codec is None:
         raise TypeError(f"not a callgate record: {type(record).__name__}")
@@ -101,24 +116,32 @@ def encode(record: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _read(data: bytes, topic: str | None, partition: int | None, offset: int | None) -> tuple[_Codec, dict]:
+def _read(data: Any, topic: str | None, partition: int | None, offset: int | None) -> tuple[_Codec, dict]:
     where = {"topic": topic, "partition": partition, "offset": offset}
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise RecordError(Reason.RECORD_UNDECODABLE, "no value", **where)
+        # a tombstone (None) or something that is not a Kafka value at all
+        raise RecordError(Reason.RECORD_UNDECODABLE, f"no value ({type(data).__name__})", **where)
+    data = bytes(data)
     if len(data) < HEADER_LEN or data[:2] != MARKER:
         raise RecordError(Reason.RECORD_UNDECODABLE, f"not single-object Avro ({len(data)} bytes)", **where)
-    codec = _BY_FINGERPRINT.get(bytes(data[2:HEADER_LEN]))
+    codec = _BY_FINGERPRINT.get(data[2:HEADER_LEN])
     if codec is None:
-        raise RecordError(Reason.UNKNOWN_SCHEMA, f"fingerprint {bytes(data[2:HEADER_LEN]).hex()}", **where)
-    stream = io.BytesIO(data[HEADER_LEN:])
+        # the fingerprint is a schema id, not record content, so naming it helps and leaks nothing
+        raise RecordError(Reason.UNKNOWN_SCHEMA, f"fingerprint {data[2:HEADER_LEN].hex()}", **where)
+    stream = io.BytesIO(data)
+    stream.seek(HEADER_LEN)
     try:
         body = fastavro.schemaless_reader(stream, codec.schema)
-    except Exception as exc:  # fastavro raises EOFError, ValueError, UnicodeDecodeError, ...
+    except Exception as exc:  # fastavro raises EOFError, ValueError, UnicodeDecodeError, IndexError...
         raise RecordError(
             Reason.RECORD_UNDECODABLE, f"{codec.record_type.__name__} body: {type(exc).__name__}", **where
         ) from None
-    if stream.tell() != len(data) - HEADER_LEN:
-        raise RecordError(Reason.RECORD_UNDECODABLE, f"{codec.record_type.__name__}: trailing bytes", **where)
+    if stream.tell() != len(data):
+        raise RecordError(
+            Reason.RECORD_UNDECODABLE,
+            f"{codec.record_type.__name__}: {len(data) - stream.tell()} trailing bytes",
+            **where,
+        )
     return codec, body
 
 
@@ -131,6 +154,6 @@ def decode(data: bytes, *, topic: str | None = None, partition: int | None = Non
 def decode_dict(
     data: bytes, *, topic: str | None = None, partition: int | None = None, offset: int | None = None
 ) -> tuple[str, dict[str, Any]]:
-    """The schema name and the record as a plain dict, for readers with no dataclasses."""
+    """The schema's short name and the record as a plain dict, for readers with no dataclasses."""
     codec, body = _read(data, topic, partition, offset)
     return codec.record_type.__name__, body
