@@ -1,42 +1,46 @@
 """The retry policy for one run's attempts: pure, no I/O, no clock.
 
-An attempt ends in exactly one `AttemptOutcome`; `RetryPolicy.decide` says
-whether another attempt follows and after how long. A retry is always a new
-attempt with a new id and a new decoder: nothing of the old one is reused.
+An attempt ends in exactly one `AttemptOutcome`; `RetryPolicy.decide` answers
+`Retry(after_s)` or `GiveUp(reason)`. A retry is always a new attempt with a
+new id and a new decoder: nothing of the old one is reused.
 
 Which endings are retried, and why:
-* connect errors, and HTTP 408/429/500/502/503/504: nothing was streamed, so a
-  retry cannot duplicate model output;
-* an idle timeout or a disconnect *before the first message*: same reasoning;
-* after messages were published, nothing is retried by default: the model
-  already produced part of a response, the normalizer quarantines what was
-  open, and a fresh request would be a different response; set
-  `retry_after_partial` to retry anyway (still as a separate attempt);
-* never: a clean end of stream, a total timeout (the run's budget is spent),
-  cancellation, other HTTP statuses (4xx are the caller's fault), and framing
-  limit errors (the same bytes would break the same limit).
+* connect errors, and HTTP 408/429/500/502/503/504: nothing was streamed;
+* a disconnect or an idle timeout, *also after messages were published*:
+  attempts never mix (the normalizer keys every buffer by attempt id, and a
+  new AttemptStarted quarantines whatever the old attempt left open), so a
+  fresh attempt cannot splice into or duplicate a call of the failed one. The
+  cost is one more upstream request, bounded by `max_attempts`. Set
+  `retry_after_partial=False` to retry only endings that published nothing;
+* never: a clean end of stream (even one that left an unterminated message:
+  the server chose to end there, the same request would end the same way), a
+  total timeout (the attempt's budget is spent), cancellation, other HTTP
+  statuses (4xx are the caller's fault), and framing limit errors (the same
+  bytes would break the same limit).
 
-Backoff is exponential with a cap, with jitter drawn from a caller-supplied
-random source (so tests are deterministic), and never shorter than the
-server's Retry-After (itself capped, so a hostile header cannot park a run).
+Backoff is exponential with a cap and full jitter (uniform in [0, ceiling] by
+default), drawn from a caller-supplied random source so tests are
+deterministic, and never shorter than the server's Retry-After, itself capped
+so a hostile header cannot park a run.
 """
 
 from __future__ import annotations
 
 import random
-import secrets
+import uuid
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from enum import StrEnum
 
 from callgate.errors import Reason
 
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-_BEFORE_FIRST_MESSAGE = frozenset({Reason.TRANSPORT_IDLE_TIMEOUT, Reason.TRANSPORT_DISCONNECT})
+_INTERRUPTED = frozenset({Reason.TRANSPORT_IDLE_TIMEOUT, Reason.TRANSPORT_DISCONNECT})
 
 
 def new_attempt_id() -> str:
     """Opaque and random: never derived from the run, the number or the content."""
-    return f"att-{secrets.token_hex(12)}"
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +51,24 @@ class AttemptOutcome:
     retry_after_s: float | None = None
 
 
+class GiveUpReason(StrEnum):
+    NOT_RETRYABLE = "not_retryable"  # a success, or an ending that another attempt would not fix
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+
+
 @dataclass(frozen=True, slots=True)
-class Decision:
-    retry: bool
-    delay_s: float = 0.0
+class Retry:
+    after_s: float
+    retry = True  # class attributes: `decision.retry` reads the same for both kinds
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    reason: GiveUpReason
+    retry = False
+
+
+Decision = Retry | GiveUp
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +77,10 @@ class RetryPolicy:
     base_delay_s: float = 0.5
     multiplier: float = 2.0
     max_delay_s: float = 20.0
-    jitter: float = 0.5  # the delay is drawn from [delay * (1 - jitter), delay]
+    jitter: float = 1.0  # the delay is drawn from [ceiling * (1 - jitter), ceiling]: 1.0 is full jitter
     max_retry_after_s: float = 60.0
     retry_statuses: frozenset[int] = field(default=RETRYABLE_STATUSES)
-    retry_after_partial: bool = False
+    retry_after_partial: bool = True
 
     def retryable(self, outcome: AttemptOutcome) -> bool:
         reason = outcome.reason
@@ -70,7 +88,7 @@ class RetryPolicy:
             return True
         if reason is Reason.TRANSPORT_HTTP_STATUS:
             return outcome.http_status in self.retry_statuses
-        if reason in _BEFORE_FIRST_MESSAGE:
+        if reason in _INTERRUPTED:
             return outcome.messages == 0 or self.retry_after_partial
         return False
 
@@ -80,12 +98,15 @@ class RetryPolicy:
         return rng.uniform(ceiling * (1 - self.jitter), ceiling)
 
     def decide(self, outcome: AttemptOutcome, attempt_number: int, rng: random.Random | None = None) -> Decision:
-        if attempt_number >= self.max_attempts or not self.retryable(outcome):
-            return Decision(False)
+        """What follows attempt `attempt_number` (1-based) of a run."""
+        if not self.retryable(outcome):
+            return GiveUp(GiveUpReason.NOT_RETRYABLE)
+        if attempt_number >= self.max_attempts:
+            return GiveUp(GiveUpReason.ATTEMPTS_EXHAUSTED)
         delay = self.backoff_s(attempt_number, rng or random.Random())
         if outcome.retry_after_s is not None:
             delay = max(delay, min(outcome.retry_after_s, self.max_retry_after_s))
-        return Decision(True, delay)
+        return Retry(delay)
 
 
 def parse_retry_after(value: str | None, now_s: float) -> float | None:

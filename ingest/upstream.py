@@ -17,12 +17,14 @@ detectable protocol error, not a clean end). Options, all optional:
 ``fault_attempts`` apply stall/cut only to the first K requests of a key (default all)
 ``status=S``       answer S (e.g. 429, 500) instead of streaming
 ``fail_first=K``   answer ``status`` (default 500) to the first K requests of a key only
-``retry_after=V``  the Retry-After header sent with an error status
-``attempts=a,b``   request i of a key serves file i (the last one repeats); the path is ignored
+``retry_after=V``  the Retry-After header sent with an error status (429 and 503 send 1 when unset)
+``attempts=a,b``   request i of a key serves file i (the last one repeats); the path is ignored.
+                   Every file but the last is a failed attempt: it ends with the connection
+                   dropped (no terminating chunk), so "disconnect, then a fresh attempt" replays
 ``key=K``          what requests are counted by (default: the path); use the run id
 =================  ===================================================================
 
-Every request is recorded (path, key, index, method, headers) in ``requests``,
+A malformed option is answered 400. Every request is recorded (path, key, index, method, headers) in ``requests``,
 so a test can check, for example, that an API key header arrived.
 """
 
@@ -163,12 +165,18 @@ class LocalUpstream:
             return
         split = urlsplit(target)
         path = unquote(split.path).lstrip("/")
-        options = StreamOptions.parse(split.query)
+        try:
+            options = StreamOptions.parse(split.query)
+        except ValueError:
+            await self._answer(writer, 400, {"error": "bad option"})
+            return
         key = options.key or path
         index = self._counts[key]
         self._counts[key] += 1
+        failed_attempt = False
         if options.attempts:
             path = options.attempts[min(index, len(options.attempts) - 1)]
+            failed_attempt = index < len(options.attempts) - 1
 
         def record(served: str) -> None:
             self.requests.append(RecordedRequest(method, path, key, index, headers, body_bytes, served))
@@ -181,7 +189,8 @@ class LocalUpstream:
         if failing and (options.fail_first is None or index < options.fail_first):
             record("")
             status = options.status if options.status is not None else 500
-            extra = {"Retry-After": options.retry_after} if options.retry_after else {}
+            retry_after = options.retry_after or ("1" if status in (429, 503) else None)
+            extra = {"Retry-After": retry_after} if retry_after else {}
             await self._answer(writer, status, {"error": {"type": "upstream_fault", "status": status}}, extra)
             return
         file = self._resolve(path)
@@ -191,7 +200,7 @@ class LocalUpstream:
             return
         record(path)
         faulty = options.fault_attempts is None or index < options.fault_attempts
-        await self._stream(writer, reader, file.read_bytes(), options, faulty)
+        await self._stream(writer, reader, file.read_bytes(), options, faulty, drop_at_end=failed_attempt)
 
     async def _read_request(self, reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], int]:
         try:
@@ -251,8 +260,12 @@ class LocalUpstream:
 
     @staticmethod
     async def _stream(
-        writer: asyncio.StreamWriter, reader: asyncio.StreamReader, body: bytes, options: StreamOptions, faulty: bool
+        writer: asyncio.StreamWriter, reader: asyncio.StreamReader, body: bytes, options: StreamOptions, faulty: bool,
+        *, drop_at_end: bool = False,
     ) -> None:
+        # drain() returns only once the kernel has every byte, so a cut or a stall happens exactly
+        # at the byte offset asked for, not wherever the transport buffer happened to be
+        writer.transport.set_write_buffer_limits(high=0)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
                      b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
         await writer.drain()
@@ -277,6 +290,9 @@ class LocalUpstream:
             return
         if stall is not None and stall < len(body):
             await reader.read()  # hold the connection open until the client gives up (or we stop)
+            return
+        if drop_at_end:
+            writer.transport.abort()
             return
         writer.write(b"0\r\n\r\n")
         await writer.drain()

@@ -47,7 +47,7 @@ from callgate.metrics import EVENTS_IN
 from callgate.records import AttemptStarted, RawSseMessage, RunRequest, TransportEnd
 from callgate.settings import Settings
 from callgate.topics import TopicNames
-from ingest.attempt import AttemptOutcome, RetryPolicy, new_attempt_id, parse_retry_after
+from ingest.attempt import AttemptOutcome, Decision, Retry, RetryPolicy, new_attempt_id, parse_retry_after
 from ingest.decoder import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_MESSAGE_BYTES, SseDecoder, SseLimitExceeded
 
 STAGE = "ingest"
@@ -96,7 +96,7 @@ class IngestConfig:
         return cls(
             bootstrap=settings.kafka_bootstrap,
             topics=settings.topics,
-            group_id=f"{settings.topic_namespace}.ingest",
+            group_id=f"{settings.topic_namespace}-ingest",  # one group per topic namespace
             worker_id=settings.worker_id,
             **overrides,
         )
@@ -296,18 +296,20 @@ class IngestWorker:
         """Attempt the run until it succeeds or the policy stops; every record acknowledged on return."""
         attempt_number = 1
         while True:
-            outcome, will_retry, delay_s = await self._attempt(request, attempt_number)
-            if not will_retry:
+            outcome, decision = await self._attempt(request, attempt_number)
+            if not isinstance(decision, Retry):
                 log.info("run finished", stage=STAGE, run_id=request.run_id, attempt=attempt_number,
-                         reason=outcome.reason.value, count=outcome.messages)
+                         reason=outcome.reason.value, count=outcome.messages, detail_code=decision.reason.value)
                 return
             log.info("attempt will be retried", stage=STAGE, run_id=request.run_id, attempt=attempt_number,
                      reason=outcome.reason.value, http_status=outcome.http_status,
-                     duration_ms=int(delay_s * 1000))
-            await asyncio.sleep(delay_s)  # backoff; a cancellation here has no open attempt to end
+                     duration_ms=int(decision.after_s * 1000))
+            # backoff. A cancellation here has no open attempt to end: the last TransportEnd said
+            # will_retry, and the uncommitted run is streamed again (as new attempts) by its next owner
+            await asyncio.sleep(decision.after_s)
             attempt_number += 1
 
-    async def _attempt(self, request: RunRequest, attempt_number: int) -> tuple[AttemptOutcome, bool, float]:
+    async def _attempt(self, request: RunRequest, attempt_number: int) -> tuple[AttemptOutcome, Decision]:
         assert self._producer is not None and self._client is not None
         cfg = self.config
         topic = cfg.topics.sse_raw
@@ -321,18 +323,24 @@ class IngestWorker:
             pending.append(await producer.send(topic, avro.encode(record), key=key))
 
         self.attempts_started += 1
-        await publish(AttemptStarted(
+        started = asyncio.ensure_future(publish(AttemptStarted(
             run_id=request.run_id, attempt_id=attempt_id, attempt_number=attempt_number, route=request.route,
             adapter_version=version, model=request.model, tool_set=list(request.tool_set),
             policy_id=request.policy_id, started_at=_now_ms(),
-        ))
+        )))
+        cancelled: asyncio.CancelledError | None = None
+        try:
+            # shielded: once the start is queued the attempt must get its end, so never half-send it
+            await asyncio.shield(started)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+            await started  # a send failure raises here, as it would unshielded
         decoder = SseDecoder(max_line_bytes=cfg.max_line_bytes, max_message_bytes=cfg.max_message_bytes)
         seq = 0
         received = 0
         status: int | None = None
         retry_after: float | None = None
-        reason = Reason.TRANSPORT_EOF
-        cancelled: asyncio.CancelledError | None = None
+        reason = Reason.TRANSPORT_CANCELLED if cancelled is not None else Reason.TRANSPORT_EOF
 
         async def publish_messages(messages: list[Any], at_ms: int) -> None:
             nonlocal seq
@@ -349,6 +357,8 @@ class IngestWorker:
         if body is not None:
             headers["Content-Type"] = "application/json"
         try:
+            if cancelled is not None:
+                raise cancelled  # cancelled while the start was being queued: end it at once
             async with asyncio.timeout(cfg.timeouts.total_s):
                 async with self._client.stream(
                     "POST" if body is not None else "GET", request.upstream_url, content=body, headers=headers
@@ -386,13 +396,13 @@ class IngestWorker:
         final = TransportEnd(
             run_id=request.run_id, attempt_id=attempt_id, seq=seq, route=request.route, reason=reason.value,
             ended_at=_now_ms(), bytes_received=received, messages=seq, http_status=status,
-            incomplete_message=end.incomplete, will_retry=decision.retry,
+            incomplete_message=end.incomplete, will_retry=isinstance(decision, Retry),
         )
         # the end record goes out even while being cancelled: shield it from a second cancel
         await asyncio.shield(self._finish(publish, final, pending))
         if cancelled is not None:
             raise cancelled
-        return outcome, decision.retry, decision.delay_s
+        return outcome, decision
 
     @staticmethod
     async def _finish(publish: Callable[[Any], Any], final: TransportEnd, pending: list[asyncio.Future[Any]]) -> None:

@@ -91,3 +91,40 @@ async def test_headers_are_recorded(upstream: LocalUpstream) -> None:
     async with httpx.AsyncClient() as client:
         await client.get(upstream.url("route/one.sse"), headers={"Authorization": "Bearer test-key"})
     assert upstream.requests[-1].headers["authorization"] == "Bearer test-key"
+
+
+async def test_every_attempt_file_but_the_last_ends_as_a_disconnect(upstream: LocalUpstream) -> None:
+    url = upstream.url("x", attempts="route/one.sse,route/two.sse", key="multi")
+    with pytest.raises(httpx.RemoteProtocolError):
+        await fetch(url)  # the whole first file arrives, then the connection drops
+    for _ in range(2):  # the last file repeats, and ends cleanly
+        response, chunks = await fetch(url)
+        assert response.status_code == 200 and b"".join(chunks) == b"data: second\n\n"
+    assert [r.served for r in upstream.requests_for("multi")] == ["route/one.sse", "route/two.sse", "route/two.sse"]
+
+
+async def test_cut_is_exact_for_a_large_body(tmp_path: Path) -> None:
+    big = b"".join(b"data: %06d\n\n" % i for i in range(40_000))  # ~560 KB, far past socket buffers
+    (tmp_path / "big.sse").write_bytes(big)
+    received = bytearray()
+    async with LocalUpstream(tmp_path) as up, httpx.AsyncClient(timeout=10) as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            async with client.stream("GET", up.url("big.sse", cut_after=300_001)) as response:
+                async for chunk in response.aiter_raw():
+                    received += chunk
+    assert bytes(received) == big[:300_001]
+
+
+async def test_default_retry_after_and_json_error_body(upstream: LocalUpstream) -> None:
+    async with httpx.AsyncClient() as client:
+        limited = await client.post(upstream.url("route/one.sse", status=429))
+        failed = await client.post(upstream.url("route/one.sse", status=500))
+    assert limited.status_code == 429 and limited.headers["retry-after"] == "1"
+    assert limited.json()["error"]["status"] == 429
+    assert failed.status_code == 500 and "retry-after" not in failed.headers
+
+
+async def test_a_malformed_option_is_a_400(upstream: LocalUpstream) -> None:
+    async with httpx.AsyncClient() as client:
+        response = await client.get(upstream.url("route/one.sse", chunk="lots"))
+    assert response.status_code == 400

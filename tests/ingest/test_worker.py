@@ -187,17 +187,32 @@ async def test_one_byte_chunks(harness: Harness) -> None:
     assert end.reason == "transport_eof" and end.bytes_received == len(WIRE)
 
 
-async def test_stall_ends_in_idle_timeout(harness: Harness) -> None:
+def assert_fresh_second_attempt(first: list[Any], second: list[Any]) -> None:
+    """The retry is a whole new attempt: new id, number 2, the full stream, nothing carried over."""
+    (first_start, first_messages, _), (second_start, second_messages, second_end) = (
+        assert_attempt_shape(first), assert_attempt_shape(second))
+    assert second_start.attempt_id != first_start.attempt_id and second_start.attempt_number == 2
+    assert [(m.event, m.data) for m in second_messages] == expected_messages()
+    assert {m.attempt_id for m in second_messages} == {second_start.attempt_id}
+    assert second_end.reason == "transport_eof" and not second_end.will_retry
+    assert not second_end.incomplete_message and second_end.bytes_received == len(WIRE)
+    assert first_messages and second_messages[0].seq == 0  # the sequence restarts, it does not continue
+
+
+async def test_stall_ends_in_idle_timeout_then_a_fresh_attempt(harness: Harness) -> None:
     stall_at = WIRE.index(b"\n\n", len(WIRE) // 2) + 2 + 10  # some messages, then mid-message silence
     want = expected_messages(WIRE[:stall_at])
     harness.start_worker(timeouts=StreamTimeouts(connect_s=2.0, idle_s=0.5, total_s=20.0))
-    run_id = await harness.submit(harness.upstream.url(f"{ROUTE}/tool.sse", stall_after=stall_at))
+    url = harness.upstream.url(f"{ROUTE}/tool.sse", stall_after=stall_at, fault_attempts=1, key="rstall")
+    run_id = await harness.submit(url)
     records = await harness.records(run_id)
-    assert len(split(records)) == 1  # messages were published: the policy does not retry
-    _, messages, end = assert_attempt_shape(records)
+    attempts = list(split(records).values())
+    assert len(attempts) == 2  # retried although messages were published: attempts never mix
+    _, messages, end = assert_attempt_shape(attempts[0])
     assert [(m.event, m.data) for m in messages] == want
-    assert end.reason == "transport_idle_timeout" and end.incomplete_message and not end.will_retry
+    assert end.reason == "transport_idle_timeout" and end.incomplete_message and end.will_retry
     assert end.bytes_received == stall_at
+    assert_fresh_second_attempt(attempts[0], attempts[1])
 
 
 async def test_cut_mid_message_is_a_disconnect_and_the_partial_message_is_not_published(
@@ -208,12 +223,26 @@ async def test_cut_mid_message_is_a_disconnect_and_the_partial_message_is_not_pu
     want = expected_messages(WIRE[:cut])
     assert want == expected_messages(WIRE[:boundary])
     harness.start_worker()
-    run_id = await harness.submit(harness.upstream.url(f"{ROUTE}/tool.sse", cut_after=cut))
+    url = harness.upstream.url(f"{ROUTE}/tool.sse", cut_after=cut, fault_attempts=1, key="rcut")
+    run_id = await harness.submit(url)
     records = await harness.records(run_id)
-    assert len(split(records)) == 1
-    _, messages, end = assert_attempt_shape(records)
-    assert [(m.event, m.data) for m in messages] == want
-    assert end.reason == "transport_disconnect" and end.incomplete_message and not end.will_retry
+    attempts = list(split(records).values())
+    assert len(attempts) == 2
+    _, messages, end = assert_attempt_shape(attempts[0])
+    assert [(m.event, m.data) for m in messages] == want  # the cut message was never published
+    assert end.reason == "transport_disconnect" and end.incomplete_message and end.will_retry
+    assert end.bytes_received == cut
+    assert_fresh_second_attempt(attempts[0], attempts[1])
+
+
+async def test_cut_on_every_attempt_stops_at_max_attempts(harness: Harness) -> None:
+    cut = WIRE.index(b"\n\n") + 5
+    harness.start_worker(policy=RetryPolicy(max_attempts=2, base_delay_s=0.01, max_delay_s=0.02))
+    run_id = await harness.submit(harness.upstream.url(f"{ROUTE}/tool.sse", cut_after=cut, key="rcut2"))
+    ends = [assert_attempt_shape(a)[2] for a in split(await harness.records(run_id)).values()]
+    assert [(e.reason, e.will_retry, e.messages) for e in ends] == [("transport_disconnect", True, 1),
+                                                                    ("transport_disconnect", False, 1)]
+    assert len(harness.upstream.requests_for("rcut2")) == 2
 
 
 async def test_429_then_success_is_two_attempts(harness: Harness) -> None:
