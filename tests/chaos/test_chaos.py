@@ -250,7 +250,7 @@ class RenameWatch:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._inotify = inotify_simple.INotify(flags=inotify_simple.flags.NONBLOCK)
+        self._inotify = inotify_simple.INotify()
         self._inotify.add_watch(directory, inotify_simple.flags.MOVED_TO)
         self.counts: Counter = Counter()
         self.overflowed = False
