@@ -73,6 +73,12 @@ Rebalances are eager (aiokafka has no cooperative protocol): every partition
 is revoked and then reassigned. A processor whose committed offsets and
 metadata are still exactly what it last committed survives that (with a new
 producer, which re-fences); any other is rebuilt by the factory.
+
+Metrics. Every tick the loop sets callgate_consumer_lag_records{stage,topic,
+partition} for the partitions it owns (callgate.metrics.LagTracker); the
+stage label is `metrics_stage`, or inferred from a group id ending in a stage
+name ("<namespace>-validator"). Counting events and decisions is the
+processor's job (on its live path, not during replay).
 """
 
 from __future__ import annotations
@@ -94,6 +100,7 @@ from aiokafka.errors import ProducerFenced, for_code
 from aiokafka.structs import OffsetAndMetadata
 
 from callgate.logging import get_logger
+from callgate.metrics import LagTracker, stage_of
 from callgate.topics import TopicNames
 
 __all__ = [
@@ -315,6 +322,7 @@ class TransactionalStage:
         on_batch: Callable[[int, int], None] | None = None,
         consumer_options: dict[str, Any] | None = None,
         producer_options: dict[str, Any] | None = None,
+        metrics_stage: str | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.group_id = group_id
@@ -336,6 +344,9 @@ class TransactionalStage:
         self._fenced: set[int] = set()  # another owner took it; wait for the next assignment
         self.commits = 0  # committed transactions, for tests and metrics
         self.builds = 0  # processors made by the factory
+        # consumer lag per owned input partition, refreshed every tick; no stage name, no lag series
+        stage = metrics_stage or stage_of(group_id)
+        self._lag = LagTracker(stage) if stage is not None else None
 
     @property
     def owned_partitions(self) -> frozenset[int]:
@@ -537,6 +548,8 @@ class TransactionalStage:
                     if time.monotonic() - last_tick >= self.tick_interval_ms / 1000:
                         last_tick = time.monotonic()
                         await self._tick()
+                        if self._lag is not None:
+                            await self._lag.update(consumer, [tp for o in self._owned.values() for tp in o.tps])
                     if self._retry_at:
                         await self._retry_due()
         finally:
@@ -545,6 +558,8 @@ class TransactionalStage:
                     await self._close(owned)
                 self._owned.clear()
                 self._suspended.clear()
+            if self._lag is not None:
+                self._lag.clear()
             await consumer.stop()
 
 

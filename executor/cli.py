@@ -62,6 +62,7 @@ def _run_executor(args: argparse.Namespace) -> int:
         limits=limits,
         instance_id=args.instance_id or os.environ.get("CALLGATE_EXECUTOR_INSTANCE_ID") or None,
         session_timeout_ms=args.session_timeout_ms,
+        metrics_port=settings.metrics_port,
     )
 
     async def main() -> None:

@@ -36,7 +36,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import ProducerFenced
 
-from callgate import avro
+from callgate import avro, metrics
 from callgate.errors import CallgateError, ExecutionError, Reason, RecordError
 from callgate.kafka import make_consumer, make_producer
 from callgate.logging import get_logger
@@ -74,6 +74,7 @@ class ExecutorConfig:
     # partitions back at once instead of waiting for the dead member's session to expire.
     instance_id: str | None = None
     session_timeout_ms: int = 10_000
+    metrics_port: int | None = None  # serve /metrics on 127.0.0.1 (0: any free port)
 
     @property
     def group_id(self) -> str:
@@ -138,6 +139,7 @@ class ExecutorWorker:
         self._lock = asyncio.Lock()
         self._consumer: AIOKafkaConsumer | None = None
         self.processed = 0
+        self._lag = metrics.LagTracker(STAGE)
 
     # ------------------------------------------------------------ ownership
 
@@ -252,6 +254,7 @@ class ExecutorWorker:
             log.error("approved record undecodable", stage=STAGE, partition=partition, offset=record.offset,
                       reason=exc.reason.value)
             await self._commit(partition, [self._dead_letter_undecodable(record, exc.reason)], next_offset)
+            metrics.record_decision(STAGE, ItemState.REJECTED, Reason.RECORD_UNDECODABLE)
             return
         try:
             verify(call, self.config.signing_keys)
@@ -261,6 +264,7 @@ class ExecutorWorker:
             outs = [self._dead_letter(call, ItemState.REJECTED, exc.reason),
                     self._audit(call, ItemState.REJECTED, exc.reason.value, decision="refused")]
             await self._commit(partition, outs, next_offset)
+            metrics.record_decision(STAGE, ItemState.REJECTED, exc.reason)
             return
         decision = decide(call.call_id, self._owned[partition].view)
         if isinstance(decision, Skip):
@@ -307,6 +311,8 @@ class ExecutorWorker:
             self._ledger_out(final, partition),
         ]
         await self._commit_final(partition, outs, next_offset)
+        metrics.record_decision(STAGE, outcome.state, outcome.error_class)
+        metrics.observe_decision_latency(STAGE, call.approved_at, finished_at)
         log.info("call executed", stage=STAGE, call_id=call.call_id, run_id=call.run_id, tool=call.tool_name,
                  state=outcome.state.value, error_class=outcome.error_class, duration_ms=duration,
                  bytes=outcome.output_bytes)
@@ -336,6 +342,8 @@ class ExecutorWorker:
         if verdict.escalate:
             outs.append(self._dead_letter(call, verdict.state, verdict.reason or Reason.IN_DOUBT))
         await self._commit_final(partition, outs, next_offset)
+        metrics.record_decision(STAGE, verdict.state, reason)
+        metrics.observe_decision_latency(STAGE, call.approved_at, finished_at)
         log.warning("call reconciled", stage=STAGE, call_id=call.call_id, run_id=call.run_id,
                     tool=call.tool_name, state=verdict.state.value, reason=reason)
 
@@ -398,6 +406,7 @@ class ExecutorWorker:
             heartbeat_interval_ms=max(100, self.config.session_timeout_ms // 4),
         )
         await consumer.start()
+        port = metrics.start_metrics(self.config, STAGE)
         try:
             await self._check_copartitioned(consumer)
             consumer.subscribe([self.topics.calls_approved], listener=_Listener(self))
@@ -406,8 +415,11 @@ class ExecutorWorker:
                 async with self._lock:
                     for tp, records in batches.items():
                         await self._handle_partition(tp.partition, records)
+                    await self._lag.update(consumer, [self._tp(p) for p in self._owned])
         finally:
             await self._release(set(self._owned))
+            self._lag.clear()
+            metrics.stop_metrics(port)
             await consumer.stop()
 
     async def _handle_partition(self, partition: int, records: list[ConsumerRecord]) -> None:
@@ -423,3 +435,4 @@ class ExecutorWorker:
                 await self._rebuild(partition, exc)
                 return
             self.processed += 1
+            metrics.record_event(STAGE)

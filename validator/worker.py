@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import ConsumerRecord, TopicPartition
 
+from callgate import metrics
 from callgate.avro import decode, encode
 from callgate.errors import Reason, RecordError
 from callgate.kafka import OffsetAndMetadata, Output, PartitionReader, run_transactional_stage
@@ -73,18 +74,24 @@ class ValidatorProcessor:
     join: ApprovalJoin = field(default_factory=lambda: ApprovalJoin(orphan_ttl_ms=24 * 3600 * 1000))
     next_offsets: dict[str, int] = field(default_factory=dict)  # per input topic
     stream_time_ms: int = 0
+    live: bool = True  # False while replaying: those records were counted when first processed
 
     # ------------------------------------------------------------ protocol
 
     def process(self, records: list[ConsumerRecord]) -> list[Output]:
+        metrics.record_event(STAGE, len(records))
         outputs: list[Output] = []
         for record in records:
             outputs.extend(self._one(record))
         return outputs
 
     def replay(self, records: Iterable[ConsumerRecord]) -> None:
-        for record in records:
-            self._one(record)  # outputs were committed by the previous owner
+        self.live = False
+        try:
+            for record in records:
+                self._one(record)  # outputs were committed by the previous owner
+        finally:
+            self.live = True
 
     def tick(self, now_ms: int) -> list[Output]:
         return [
@@ -131,6 +138,9 @@ class ValidatorProcessor:
             run = self.runs[item.run_id] = _Run(RunState(item.run_id), record.offset, record.timestamp)
         run.last_seen_ms = max(run.last_seen_ms, record.timestamp)
         decision = self.validator.decide(item, run.state, now_ms=record.timestamp)
+        if self.live:
+            metrics.record_decision(STAGE, decision.state, getattr(decision, "reason", None))
+            metrics.observe_decision_latency(STAGE, item.terminal_at)
         key = item.run_id.encode()
         t = self.topics
         tool = self._tool_label(item.tool_name)
@@ -209,6 +219,8 @@ class ValidatorProcessor:
                 )
                 outputs.append(Output(self.topics.calls_approved, key, encode(call)))
                 outputs.append(self._pending_audit(pending, ItemState.POLICY_APPROVED, "approved", None, approval))
+                if self.live:
+                    metrics.record_decision(STAGE, ItemState.POLICY_APPROVED, None)
                 log.info("pending call approved", stage=STAGE, run_id=pending.run_id, call_id=pending.call_id)
                 continue
             assert isinstance(outcome, Refused)
@@ -221,6 +233,8 @@ class ValidatorProcessor:
             )
             outputs.append(Output(self.topics.dlq, key, encode(dead)))
             outputs.append(self._pending_audit(pending, ItemState.REJECTED, "denied", outcome.reason, approval))
+            if self.live:
+                metrics.record_decision(STAGE, ItemState.REJECTED, outcome.reason)
             log.info("pending call refused", stage=STAGE, run_id=pending.run_id, call_id=pending.call_id,
                      reason=outcome.reason.value, detail_code=outcome.detail_code)
         return outputs
@@ -263,6 +277,8 @@ class ValidatorProcessor:
 
     def _undecodable(self, record: ConsumerRecord, exc: RecordError) -> list[Output]:
         run_id = _safe_key(record.key)
+        if self.live:
+            metrics.record_decision(STAGE, ItemState.REJECTED, exc.reason)
         log.warning("undecodable record parked", stage=STAGE, topic=record.topic,
                     partition=record.partition, offset=record.offset, reason=exc.reason.value)
         dead = DeadLetter(
@@ -337,17 +353,23 @@ def build_validator(settings: Settings) -> Validator:
 async def run_validator(settings: Settings, stop: asyncio.Event, *, group_id: str | None = None) -> None:
     topics = settings.topics
     group_id = group_id or f"{topics.namespace}-validator"  # one group per topic namespace
-    await run_transactional_stage(
-        stop,
-        bootstrap=settings.kafka_bootstrap,
-        group_id=group_id,
-        input_topics=[topics.items, topics.calls_pending, topics.approvals],
-        factory=make_factory(
-            build_validator(settings), topics, settings.signing_key(), settings.signing_key_id,
-            settings.run_state_ttl_s * 1000,
-        ),
-        transactional_prefix=f"{topics.namespace}-validator",
+    factory = make_factory(
+        build_validator(settings), topics, settings.signing_key(), settings.signing_key_id,
+        settings.run_state_ttl_s * 1000,
     )
+    port = metrics.start_metrics(settings, STAGE)
+    try:
+        await run_transactional_stage(
+            stop,
+            bootstrap=settings.kafka_bootstrap,
+            group_id=group_id,
+            input_topics=[topics.items, topics.calls_pending, topics.approvals],
+            factory=factory,
+            transactional_prefix=f"{topics.namespace}-validator",
+            metrics_stage=STAGE,
+        )
+    finally:
+        metrics.stop_metrics(port)
 
 
 def main(settings: Settings | None = None) -> int:
