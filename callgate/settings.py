@@ -1,6 +1,8 @@
 """Settings shared by every worker, read from CALLGATE_* environment variables.
 
-Secrets are SecretStr so a repr, a log line or a traceback never shows them.
+Secrets are SecretStr so a repr, a log line or a traceback never shows them,
+and validation errors never echo an input (a bad CALLGATE_SIGNING_KEYS must
+not print the key in the startup traceback).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from callgate.topics import TopicNames
 
@@ -23,7 +25,7 @@ class DataHandling(StrEnum):
 
 
 class Settings(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, hide_input_in_errors=True)
 
     kafka_bootstrap: str = "127.0.0.1:19092"
     topic_namespace: str = "callgate"
@@ -42,18 +44,18 @@ class Settings(BaseModel):
     metrics_port: int | None = None
     worker_id: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
+    @field_validator("signing_keys")
+    @classmethod
+    def _keys_parse(cls, value: SecretStr) -> SecretStr:
+        _parse_signing_keys(value.get_secret_value())  # fail at startup, not at the first signature
+        return value
+
     @property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_namespace)
 
     def signing_key_map(self) -> dict[str, bytes]:
-        keys: dict[str, bytes] = {}
-        for entry in filter(None, (e.strip() for e in self.signing_keys.get_secret_value().split(","))):
-            kid, _, hexkey = entry.partition(":")
-            if not kid or not hexkey:
-                raise ValueError("CALLGATE_SIGNING_KEYS entries look like kid:hexkey")
-            keys[kid] = bytes.fromhex(hexkey)
-        return keys
+        return _parse_signing_keys(self.signing_keys.get_secret_value())
 
     def signing_key(self) -> bytes:
         keys = self.signing_key_map()
@@ -70,3 +72,21 @@ class Settings(BaseModel):
             if value is not None and value != "":
                 fields[name] = value
         return cls(**fields)
+
+
+def _parse_signing_keys(text: str) -> dict[str, bytes]:
+    """`kid:hexkey,kid2:hexkey` -> {kid: key}. Errors name the entry's position, never a key."""
+    keys: dict[str, bytes] = {}
+    for position, entry in enumerate(filter(None, (e.strip() for e in text.split(","))), start=1):
+        kid, _, hexkey = entry.partition(":")
+        kid, hexkey = kid.strip(), hexkey.strip()
+        if not kid or not hexkey:
+            raise ValueError(f"CALLGATE_SIGNING_KEYS entry {position} is not kid:hexkey")
+        try:
+            key = bytes.fromhex(hexkey)
+        except ValueError:
+            raise ValueError(f"CALLGATE_SIGNING_KEYS entry {position} is not hex") from None
+        if kid in keys:
+            raise ValueError(f"CALLGATE_SIGNING_KEYS entry {position} repeats a key id")
+        keys[kid] = key
+    return keys
