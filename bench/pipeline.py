@@ -182,12 +182,13 @@ async def wait_until(condition, *, timeout_s: float, what: str) -> None:
 # ------------------------------------------------------------------ (c) ceiling
 
 
-async def passthrough(bootstrap: str, source: str, sink: str, total: int, *, transactional: bool) -> float:
+async def passthrough(bootstrap: str, source: str, sink: str, total: int, *, transactional: bool,
+                      **producer_options) -> float:
     """Consume `source` from the start and copy every record to `sink`; events/s over first..last send."""
     group = f"bench-pass-{uuid.uuid4().hex[:8]}"
     consumer = await make_consumer(bootstrap, source, group_id=group, max_poll_records=500)
     producer = await make_producer(
-        bootstrap, transactional_id=f"{group}-tx" if transactional else None, linger_ms=0
+        bootstrap, transactional_id=f"{group}-tx" if transactional else None, linger_ms=0, **producer_options
     )
     copied, first = 0, None
     try:
@@ -308,14 +309,17 @@ def memory_per_open_item(n: int) -> tuple[float, float]:
 def profile_core(runs: list[Run]) -> tuple[float, str]:
     """Events/s of the pure normalizer core over decoded records, and its cProfile top functions."""
     encoded = [avro.encode(r) for run in runs for r in run.records]
-    profiler = cProfile.Profile()
     core = Normalizer()
     started = time.perf_counter()
+    for value in encoded:
+        core.feed(avro.decode(value))
+    elapsed = time.perf_counter() - started
+    profiler = cProfile.Profile()
+    core = Normalizer()
     profiler.enable()
     for value in encoded:
         core.feed(avro.decode(value))
     profiler.disable()
-    elapsed = time.perf_counter() - started
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(14)
     return sse_events(runs) / elapsed, out.getvalue()
@@ -346,8 +350,13 @@ async def bench(args: argparse.Namespace) -> None:
         load_s = await preload(bootstrap, topics.sse_raw, runs)
         print(f"pre-loaded {len(runs)} runs: {events} SSE events, {records} records in {load_s:.1f}s", file=sys.stderr)
 
-        bare_s = await passthrough(bootstrap, topics.sse_raw, sink, records, transactional=False)
-        txn_s = await passthrough(bootstrap, topics.sse_raw, sink, records, transactional=True)
+        # a fresh JVM runs slow for its first seconds: warm the broker up with one discarded pass
+        await passthrough(bootstrap, topics.sse_raw, sink, records, transactional=False)
+        await passthrough(bootstrap, topics.sse_raw, sink, records, transactional=True)
+        bare_s = min([await passthrough(bootstrap, topics.sse_raw, sink, records, transactional=False)
+                      for _ in range(2)])
+        txn_s = min([await passthrough(bootstrap, topics.sse_raw, sink, records, transactional=True)
+                     for _ in range(2)])
         ceiling = events / bare_s
         print(f"passthrough: bare {ceiling:,.0f} ev/s, transactional {events / txn_s:,.0f} ev/s", file=sys.stderr)
 
@@ -391,11 +400,18 @@ async def bench(args: argparse.Namespace) -> None:
             await asyncio.to_thread(normalizer.stop)
             normalizer.interpreter_args = ()
             normalizer.start()
+        def percentiles(lat: list[float]) -> tuple[float, float]:
+            if not lat:
+                return float("nan"), float("nan")
+            return statistics.median(lat), lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+
+        # at half the ceiling (the target's load), and at half of what the pipeline itself sustains
         rate = ceiling / 2
-        lat_runs = make_runs(args.latency_runs, approvable_only=True)
-        lat = await latency(bootstrap, topics, lat_runs, rate, args.concurrency)
-        p50 = statistics.median(lat) if lat else float("nan")
-        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
+        p50, p99 = percentiles(await latency(bootstrap, topics, make_runs(args.latency_runs, approvable_only=True),
+                                             rate, args.concurrency))
+        own_rate = pipeline_eps / 2
+        own_p50, own_p99 = percentiles(await latency(
+            bootstrap, topics, make_runs(args.latency_runs, approvable_only=True), own_rate, args.concurrency))
 
         per_item, args_per_item = memory_per_open_item(args.open_items)
         core_eps, core_profile = profile_core(make_runs(min(args.runs, 600)))
@@ -409,7 +425,9 @@ async def bench(args: argparse.Namespace) -> None:
             ("normalizer + validator end to end", f"{pipeline_eps:,.0f} ev/s ({pipeline_eps / ceiling:.0%} of ceiling)"),
             ("normalizer core alone, in-process (decode + feed)", f"{core_eps:,.0f} ev/s"),
             (f"decision latency p50 at {rate:,.0f} ev/s offered", f"{p50:.1f} ms"),
-            (f"decision latency p99 at {rate:,.0f} ev/s offered", f"{p99:.1f} ms (target < 100 ms; n={len(lat)})"),
+            (f"decision latency p99 at {rate:,.0f} ev/s offered", f"{p99:.1f} ms (target < 100 ms)"),
+            (f"decision latency p50 at {own_rate:,.0f} ev/s (half the pipeline's own rate)", f"{own_p50:.1f} ms"),
+            (f"decision latency p99 at {own_rate:,.0f} ev/s (half the pipeline's own rate)", f"{own_p99:.1f} ms"),
             ("memory per open item (normalizer core)", f"{per_item:,.0f} B ({args_per_item:,.0f} B of it arguments)"),
         ]
         print(f"\n{len(runs)} runs, {events} SSE events ({records} records), {n_items} terminal items, "
