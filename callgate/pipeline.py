@@ -16,6 +16,7 @@ import contextlib
 import json
 import re
 import secrets
+import shutil
 import subprocess
 import time
 import uuid
@@ -37,6 +38,7 @@ from callgate.trace import RunTimeline, build_timeline
 STAGES = ("ingest", "normalizer", "validator", "executor")
 FIXTURES_ROOT = REPO_ROOT / "fixtures"
 POLICIES_ROOT = REPO_ROOT / "policies"
+WORKSPACE_SAMPLE = FIXTURES_ROOT / "workspace"
 # An item is settled when it reached a final state, or waits for a person.
 SETTLED_STATES = FINAL_STATES | {ItemState.PENDING_APPROVAL}
 
@@ -45,6 +47,7 @@ SETTLED_STATES = FINAL_STATES | {ItemState.PENDING_APPROVAL}
 class ExpectedItem:
     state: str
     reason: str | None
+    item_id: str | None = None  # the provider's item id (or index) the fixture uses
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +76,8 @@ def load_fixture_specs(root: Path = FIXTURES_ROOT) -> list[RunSpec]:
         expect = json.loads(expect_path.read_text(encoding="utf-8"))
         attempts = expect.get("attempts") or [f"{case}.sse"]
         items = tuple(
-            ExpectedItem(item["state"], item.get("reason")) for item in expect.get("items", [])
+            ExpectedItem(item["state"], item.get("reason"), item.get("item_id"))
+            for item in expect.get("items", [])
         )
         specs.append(
             RunSpec(
@@ -89,6 +93,15 @@ def load_fixture_specs(root: Path = FIXTURES_ROOT) -> list[RunSpec]:
     return specs
 
 
+def _seed_workspace(workspace: Path, sample: Path = WORKSPACE_SAMPLE) -> None:
+    """A small git repository, so the fixtures' reads, writes and git commands have something to touch."""
+    shutil.copytree(sample, workspace)
+    git = ["git", "-C", str(workspace), "-c", "user.name=callgate demo", "-c", "user.email=demo@localhost"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "sample project"], check=True)
+
+
 def write_policies(target: Path, workspace_base: Path, source: Path = POLICIES_ROOT) -> dict[str, Path]:
     """Copy the policy files with each workspace root moved under workspace_base (made, git-inited)."""
     target.mkdir(parents=True, exist_ok=True)
@@ -99,10 +112,8 @@ def write_policies(target: Path, workspace_base: Path, source: Path = POLICIES_R
             r'(?m)^(\s*workspace_root\s*=\s*)"[^"]*"', lambda m: f'{m.group(1)}"{workspace}"', path.read_text()
         )
         (target / path.name).write_text(text)
-        workspace.mkdir(parents=True, exist_ok=True)
-        if not (workspace / ".git").exists():
-            subprocess.run(["git", "init", "-q", str(workspace)], check=True)
-        (workspace / "README.md").write_text("demo workspace\n")
+        if not workspace.exists():
+            _seed_workspace(workspace)
         workspaces[path.stem] = workspace
     return workspaces
 
