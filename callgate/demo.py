@@ -176,7 +176,9 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(run_demo(args.bootstrap or settings.kafka_bootstrap, work_dir, timeout_s=args.timeout))
     finally:
-        if not args.keep and not args.work_dir:
+        if args.keep or args.work_dir:
+            print(f"work directory (workspaces, policies, worker logs): {work_dir}", file=sys.stderr)
+        else:
             shutil.rmtree(work_dir, ignore_errors=True)
 
 
