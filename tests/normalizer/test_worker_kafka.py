@@ -87,8 +87,8 @@ async def test_fixtures_through_the_broker(kafka_bootstrap, topics) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(run_normalizer(settings, stop, consumer_options=FAST_GROUP))
     try:
-        await read_values(kafka_bootstrap, topics.items, at_least=n_items, timeout_s=45)
-        await read_values(kafka_bootstrap, topics.dlq, at_least=n_dlq, timeout_s=30)
+        await read_values(kafka_bootstrap, topics.items, at_least=n_items, timeout_s=90)
+        await read_values(kafka_bootstrap, topics.dlq, at_least=n_dlq, timeout_s=60)
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
@@ -135,7 +135,7 @@ async def test_idle_run_is_quarantined_by_a_replayable_marker(kafka_bootstrap, t
     stop = asyncio.Event()
     task = asyncio.create_task(run_normalizer(settings, stop, consumer_options=FAST_GROUP))
     try:
-        dlq = await read_values(kafka_bootstrap, topics.dlq, at_least=1, timeout_s=30)
+        dlq = await read_values(kafka_bootstrap, topics.dlq, at_least=1, timeout_s=60)
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
