@@ -395,8 +395,12 @@ class TransactionalStage:
         """Fence the previous owner, then reuse or build the processor and seek to the committed offsets."""
         assert self._consumer is not None
         tps = [TopicPartition(topic, partition) for topic in self.input_topics]
+        # aiokafka backs off retry_backoff_ms (default 100) whenever the broker answers
+        # CONCURRENT_TRANSACTIONS, which it does to nearly every AddPartitionsToTxn that
+        # follows a commit at once: 100 ms per batch and stage. 20 ms is the Java client's choice.
+        options = {"retry_backoff_ms": 20, **self.producer_options}
         producer = await make_producer(
-            self.bootstrap, transactional_id=self.transactional_id(partition), **self.producer_options
+            self.bootstrap, transactional_id=self.transactional_id(partition), **options
         )
         try:
             committed = await self._fetch_committed(tps)
