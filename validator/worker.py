@@ -40,7 +40,7 @@ from callgate.records import (
     Approval, ApprovedCall, AuditRecord, DeadLetter, PendingCall, TerminalItem,
 )
 from callgate.settings import Settings
-from callgate.signing import sign
+from callgate.signing import keyed_digest, sign
 from callgate.states import ItemState
 from callgate.topics import TopicNames
 
@@ -70,6 +70,9 @@ class ValidatorProcessor:
     signing_key: bytes
     key_id: str
     run_state_ttl_ms: int
+    # set only when content correlation is configured: audit records then carry a keyed HMAC
+    # of the canonical arguments (full length, never a bare or truncated hash)
+    content_key: bytes | None = None
     runs: dict[str, _Run] = field(default_factory=dict)
     join: ApprovalJoin = field(default_factory=lambda: ApprovalJoin(orphan_ttl_ms=24 * 3600 * 1000))
     next_offsets: dict[str, int] = field(default_factory=dict)  # per input topic
@@ -159,7 +162,8 @@ class ValidatorProcessor:
             log.info("call approved", stage=STAGE, run_id=item.run_id, call_id=item.call_id, tool=tool,
                      bytes=decision.audit.buffer_bytes)
             return [Output(t.calls_approved, key, encode(call)),
-                    self._audit(item, decision.audit, decision.state, record.timestamp)]
+                    self._audit(item, decision.audit, decision.state, record.timestamp,
+                                content=decision.arguments)]
         if isinstance(decision, Pending):
             pending = PendingCall(
                 call_id=item.call_id, run_id=item.run_id, attempt_id=item.attempt_id,
@@ -176,7 +180,8 @@ class ValidatorProcessor:
             log.info("call pending approval", stage=STAGE, run_id=item.run_id, call_id=item.call_id,
                      tool=tool, detail_code=decision.why)
             return [Output(t.calls_pending, key, encode(pending)),
-                    self._audit(item, decision.audit, decision.state, record.timestamp)]
+                    self._audit(item, decision.audit, decision.state, record.timestamp,
+                                content=decision.arguments)]
         assert isinstance(decision, Rejected)
         log.info("call rejected", stage=STAGE, run_id=item.run_id, call_id=item.call_id, tool=tool,
                  reason=decision.reason.value, detail_code=decision.detail_code)
@@ -245,8 +250,13 @@ class ValidatorProcessor:
         # an unregistered name is model-chosen text: never log or publish it
         return name if self.validator.registry.get(name) is not None else "unregistered"
 
+    def _content_hmac(self, content: bytes | None) -> str | None:
+        if self.content_key is None or content is None:
+            return None
+        return keyed_digest(self.content_key, content)
+
     def _audit(self, item: TerminalItem, audit: AuditFields, state: ItemState, now: int,
-               extra: dict[str, str] | None = None) -> Output:
+               extra: dict[str, str] | None = None, content: bytes | None = None) -> Output:
         fields = dict(extra or {})
         if audit.detail_code:
             fields["detail_code"] = audit.detail_code
@@ -258,6 +268,7 @@ class ValidatorProcessor:
             terminal_seen=True, json_status=audit.json_status, trailing_data=audit.trailing_data,
             schema_status=audit.schema_status, policy_status=audit.policy_status, execution_state=None,
             state=state.value, error_class=audit.error_class, extra=fields,
+            content_hmac=self._content_hmac(content),
         )
         return Output(self.topics.audit, item.run_id.encode(), encode(record))
 
@@ -272,6 +283,7 @@ class ValidatorProcessor:
             policy_status=policy_status, execution_state=None, state=state.value,
             error_class=reason.value if reason else None,
             extra={"approval": approval.decision, "approval_rule": pending.why},
+            content_hmac=self._content_hmac(pending.arguments),
         )
         return Output(self.topics.audit, pending.run_id.encode(), encode(record))
 
@@ -307,12 +319,14 @@ def _safe_key(key: bytes | None) -> str:
 
 
 def make_factory(
-    validator: Validator, topics: TopicNames, signing_key: bytes, key_id: str, run_state_ttl_ms: int
+    validator: Validator, topics: TopicNames, signing_key: bytes, key_id: str, run_state_ttl_ms: int,
+    content_key: bytes | None = None,
 ):
     async def factory(
         partition: int, committed: dict[TopicPartition, OffsetAndMetadata], reader: PartitionReader
     ) -> ValidatorProcessor:
-        processor = ValidatorProcessor(validator, topics, signing_key, key_id, run_state_ttl_ms)
+        processor = ValidatorProcessor(validator, topics, signing_key, key_id, run_state_ttl_ms,
+                                       content_key=content_key)
         metadata = _parse_metadata(committed)
         streams = []
         for tp, position in committed.items():
@@ -356,6 +370,7 @@ async def run_validator(settings: Settings, stop: asyncio.Event, *, group_id: st
     factory = make_factory(
         build_validator(settings), topics, settings.signing_key(), settings.signing_key_id,
         settings.run_state_ttl_s * 1000,
+        content_key=settings.audit_hmac_key.get_secret_value().encode() if settings.audit_hmac_key else None,
     )
     port = metrics.start_metrics(settings, STAGE)
     try:

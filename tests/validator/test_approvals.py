@@ -244,3 +244,21 @@ def test_undecodable_record_is_parked_not_raised(validator) -> None:
     out = proc.process([feed.record(TOPICS.items, b"\x00garbage", 1000)])
     [dead] = [decode(o.value) for o in out]
     assert dead.reason == Reason.RECORD_UNDECODABLE.value
+
+
+def test_content_correlation_is_a_full_keyed_hmac_only_when_configured(validator) -> None:
+    import hashlib
+    import hmac
+
+    good = item("write_file", {"path": "src/a.py", "content": "hello"})
+    plain = outputs_by_topic(new_processor(validator).process([Feed().record(TOPICS.items, good, 1000)]))
+    assert [a.content_hmac for a in plain[TOPICS.audit]] == [None]  # off by default
+
+    content_key = b"audit-correlation-key"
+    proc = ValidatorProcessor(validator, TOPICS, KEY, KID, run_state_ttl_ms=3_600_000, content_key=content_key)
+    out = outputs_by_topic(proc.process([Feed().record(TOPICS.items, good, 1000)]))
+    [approved], [audit] = out[TOPICS.calls_approved], out[TOPICS.audit]
+    expected = hmac.new(content_key, approved.arguments, hashlib.sha256).hexdigest()
+    assert audit.content_hmac == expected and len(audit.content_hmac) == 64
+    # keyed: the bare digest of the same content is not what is published
+    assert audit.content_hmac != hashlib.sha256(approved.arguments).hexdigest()
