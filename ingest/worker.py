@@ -42,6 +42,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 
 from callgate import avro
 from callgate.errors import Reason, RecordError
+from callgate.kafka import TopicMissing, make_producer, partition_counts
 from callgate.logging import configure_logging, get_logger
 from callgate.metrics import EVENTS_IN
 from callgate.records import AttemptStarted, RawSseMessage, RunRequest, TransportEnd
@@ -170,6 +171,12 @@ class IngestWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
+        # Subscribing before the topic's metadata is visible yields an empty assignment that
+        # aiokafka only revisits at the next metadata refresh (minutes): check first, fail clearly.
+        counts = await partition_counts(cfg.bootstrap, [cfg.topics.runs, cfg.topics.sse_raw])
+        missing = sorted(topic for topic, count in counts.items() if not count)
+        if missing:
+            raise TopicMissing(", ".join(missing))
         self._producer = await _make_producer(cfg.bootstrap)
         self._client = httpx.AsyncClient(
             transport=self._transport,
@@ -181,6 +188,7 @@ class IngestWorker:
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=cfg.bootstrap, group_id=cfg.group_id, isolation_level="read_committed",
             enable_auto_commit=False, auto_offset_reset="earliest",
+            metadata_max_age_ms=30_000,  # partitions added to the runs topic are picked up within 30 s
         )
         await self._consumer.start()
         self._consumer.subscribe([cfg.topics.runs], listener=_Rebalance(self))
@@ -411,8 +419,6 @@ class IngestWorker:
 
 
 async def _make_producer(bootstrap: str) -> AIOKafkaProducer:
-    from callgate.kafka import make_producer
-
     return await make_producer(bootstrap)
 
 

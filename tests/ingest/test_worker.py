@@ -120,7 +120,7 @@ async def harness(kafka_bootstrap: str, topics: TopicNames, tmp_path: Path) -> A
     (tmp_path / ROUTE / "tool.sse").write_bytes(WIRE)
     (tmp_path / ROUTE / "recorded.sse").write_bytes(RECORDED)
     async with LocalUpstream(tmp_path) as upstream:
-        h = Harness(kafka_bootstrap, topics, upstream, f"{topics.namespace}.ingest", [])
+        h = Harness(kafka_bootstrap, topics, upstream, f"{topics.namespace}-ingest", [])
         try:
             yield h
         finally:
