@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -35,7 +34,7 @@ def _run_upstream(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         async with LocalUpstream(Path(args.fixtures), host=args.host, port=args.port) as upstream:
-            print(f"serving {args.fixtures} at {upstream.base_url}", flush=True)
+            print(upstream.base_url, flush=True)  # alone on its line, for scripts to read
             await stop.wait()
 
     asyncio.run(serve())
@@ -54,7 +53,7 @@ def _run_submit(args: argparse.Namespace) -> int:
     body = Path(args.body).read_bytes() if args.body else b'{"stream": true}'
     request = RunRequest(
         run_id=args.run_id or f"run-{uuid.uuid4().hex[:16]}", route=args.route, model=args.model,
-        upstream_url=args.url, request_body=body, tool_set=list(args.tools or ()), policy_id=args.policy,
+        upstream_url=args.url, request_body=body, tool_set=_tool_names(args.tools), policy_id=args.policy,
         submitted_at=int(time.time() * 1000), api_key_env=args.api_key_env,
     )
 
@@ -68,6 +67,12 @@ def _run_submit(args: argparse.Namespace) -> int:
     asyncio.run(send())
     print(request.run_id)
     return 0
+
+
+def _tool_names(values: list[str] | None) -> list[str]:
+    """`--tools a,b` and `--tools a b` both work; order kept, duplicates dropped."""
+    names = (name.strip() for value in values or () for name in value.split(","))
+    return list(dict.fromkeys(name for name in names if name))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -90,7 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit = subparsers.add_parser("submit", help="write one RunRequest to the runs topic; prints the run id")
     submit.add_argument("--route", required=True)
     submit.add_argument("--url", required=True, help="upstream URL to stream from")
-    submit.add_argument("--tools", nargs="*", help="tool names allowed in this run")
+    submit.add_argument("--tools", nargs="*", help="tool names allowed in this run: a,b (or a b)")
     submit.add_argument("--policy", default="demo", help="policy id")
     submit.add_argument("--model", default="demo")
     submit.add_argument("--body", help="file holding the request body (default: a minimal JSON)")

@@ -349,3 +349,45 @@ async def test_concurrent_runs_commit_only_when_done(harness: Harness) -> None:
         await asyncio.sleep(0.1)  # commits follow acknowledgements asynchronously; polled with a deadline
     assert sum(offsets.values()) == len(run_ids)
 
+
+
+async def test_the_commands_submit_ingest_upstream_and_sigterm(harness: Harness, tmp_path: Path) -> None:
+    """`callgate upstream`, `callgate submit` and `callgate ingest` as real processes; SIGTERM cancels."""
+    import os
+    import signal
+    import sys
+
+    env = {**os.environ, "CALLGATE_KAFKA_BOOTSTRAP": harness.bootstrap,
+           "CALLGATE_TOPIC_NAMESPACE": harness.topics.namespace}
+
+    async def command(*args: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "callgate", *args, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+
+    upstream = await command("upstream", "--fixtures", str(harness.upstream.fixtures_root), "--port", "0")
+    ingest = await command("ingest", "--idle-timeout", "60")
+    try:
+        assert upstream.stdout is not None
+        base_url = (await asyncio.wait_for(upstream.stdout.readline(), 20)).decode().strip()
+        assert base_url.startswith("http://127.0.0.1:")
+        stall_at = WIRE.index(b"\n\n") + 2  # one message, then silence until SIGTERM
+        submit = await command("submit", "--route", ROUTE, "--tools", "read_file,write_file", "--policy", "demo",
+                               "--url", f"{base_url}/{ROUTE}/tool.sse?stall_after={stall_at}&key=cli")
+        out, _ = await asyncio.wait_for(submit.communicate(), 20)
+        assert submit.returncode == 0
+        run_id = out.decode().strip()
+        assert run_id
+        await harness.records(run_id, until=lambda rs: any(isinstance(r, RawSseMessage) for r in rs))
+        ingest.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(ingest.wait(), 20) == 0
+        start, messages, end = assert_attempt_shape(await harness.records(run_id))
+        assert start.tool_set == ["read_file", "write_file"] and start.policy_id == "demo"
+        assert len(messages) == 1 and end.reason == "transport_cancelled" and not end.will_retry
+        upstream.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(upstream.wait(), 10) == 0
+    finally:
+        for process in (upstream, ingest):
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
