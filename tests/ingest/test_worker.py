@@ -391,3 +391,17 @@ async def test_the_commands_submit_ingest_upstream_and_sigterm(harness: Harness,
             if process.returncode is None:
                 process.kill()
                 await process.wait()
+
+
+async def test_multi_attempt_fixture_is_a_disconnect_then_a_fresh_attempt(harness: Harness) -> None:
+    """`attempts=a,b` (how recorded "disconnect, then retry" runs are replayed): two attempts, never mixed."""
+    boundary = WIRE.index(b"\n\n", len(WIRE) // 2) + 2
+    (harness.upstream.fixtures_root / ROUTE / "cut.attempt1.sse").write_bytes(WIRE[:boundary + 15])
+    harness.start_worker()
+    url = harness.upstream.url("x", attempts=f"{ROUTE}/cut.attempt1.sse,{ROUTE}/tool.sse", key="rmulti")
+    attempts = list(split(await harness.records(await harness.submit(url))).values())
+    assert len(attempts) == 2
+    _, messages, end = assert_attempt_shape(attempts[0])
+    assert [(m.event, m.data) for m in messages] == expected_messages(WIRE[:boundary])
+    assert (end.reason, end.incomplete_message, end.will_retry) == ("transport_disconnect", True, True)
+    assert_fresh_second_attempt(attempts[0], attempts[1])
