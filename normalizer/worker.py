@@ -46,7 +46,7 @@ from callgate import metrics
 from callgate.avro import decode, encode
 from callgate.errors import Reason, RecordError
 from callgate.kafka import OffsetAndMetadata, Output, PartitionReader, run_transactional_stage
-from callgate.logging import get_logger
+from callgate.logging import configure_logging, get_logger
 from callgate.records import (
     AttemptStarted, AuditRecord, DeadLetter, QuarantinedBuffer, RawSseMessage, TerminalItem, TransportEnd,
 )
@@ -242,6 +242,7 @@ async def run_normalizer(settings: Settings, stop: asyncio.Event, *, group_id: s
 
 
 def main(settings: Settings | None = None) -> int:
+    configure_logging()  # also routes aiokafka's stdlib logging through the allowlist
     settings = settings or Settings.from_env()
 
     async def _run() -> None:
@@ -249,10 +250,12 @@ def main(settings: Settings | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        if settings.metrics_port is not None:
-            metrics.serve(settings.metrics_port)
+        port = metrics.start_metrics(settings, STAGE)
         log.info("normalizer starting", stage=STAGE, worker_id=settings.worker_id)
-        await run_normalizer(settings, stop)
+        try:
+            await run_normalizer(settings, stop)
+        finally:
+            metrics.stop_metrics(port)
 
     asyncio.run(_run())
     return 0

@@ -35,7 +35,7 @@ from callgate import metrics
 from callgate.avro import decode, encode
 from callgate.errors import Reason, RecordError
 from callgate.kafka import OffsetAndMetadata, Output, PartitionReader, run_transactional_stage
-from callgate.logging import get_logger
+from callgate.logging import configure_logging, get_logger
 from callgate.records import (
     Approval, ApprovedCall, AuditRecord, DeadLetter, PendingCall, TerminalItem,
 )
@@ -388,6 +388,7 @@ async def run_validator(settings: Settings, stop: asyncio.Event, *, group_id: st
 
 
 def main(settings: Settings | None = None) -> int:
+    configure_logging()  # also routes aiokafka's stdlib logging through the allowlist
     settings = settings or Settings.from_env()
 
     async def _run() -> None:

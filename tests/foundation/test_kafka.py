@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import pytest
@@ -92,9 +93,16 @@ async def test_create_topics_is_idempotent_and_sets_retention(kafka_bootstrap):
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
         await admin.start()
         try:
-            described = await admin.describe_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, spec.name) for spec in names.specs()]
-            )
+            # a topic created a moment ago can still answer UNKNOWN_TOPIC on another request path
+            deadline = time.monotonic() + 20
+            while True:
+                described = await admin.describe_configs(
+                    [ConfigResource(ConfigResourceType.TOPIC, spec.name) for spec in names.specs()]
+                )
+                codes = [code for response in described for code, *_ in response.resources]
+                if not any(codes) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
             metadata = await admin.describe_topics([names.items])
         finally:
             await admin.close()
