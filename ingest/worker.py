@@ -44,7 +44,7 @@ from callgate import avro
 from callgate.errors import Reason, RecordError
 from callgate.kafka import TopicMissing, make_producer, partition_counts
 from callgate.logging import configure_logging, get_logger
-from callgate.metrics import EVENTS_IN
+from callgate import metrics
 from callgate.records import AttemptStarted, RawSseMessage, RunRequest, TransportEnd
 from callgate.settings import Settings
 from callgate.topics import TopicNames
@@ -91,6 +91,7 @@ class IngestConfig:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     worker_id: str = ""
+    metrics_port: int | None = None  # serve /metrics on 127.0.0.1 when set (0: any free port)
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> IngestConfig:
@@ -99,6 +100,7 @@ class IngestConfig:
             topics=settings.topics,
             group_id=f"{settings.topic_namespace}-ingest",  # one group per topic namespace
             worker_id=settings.worker_id,
+            metrics_port=settings.metrics_port,
             **overrides,
         )
 
@@ -193,9 +195,11 @@ class IngestWorker:
         await self._consumer.start()
         self._consumer.subscribe([cfg.topics.runs], listener=_Rebalance(self))
         log.info("ingest started", stage=STAGE, worker_id=cfg.worker_id, topic=cfg.topics.runs)
+        metrics_port = metrics.start_metrics(cfg, STAGE)
         try:
             await self._consume(stop)
         finally:
+            metrics.stop_metrics(metrics_port)
             # stopping: in-flight attempts end as cancelled and stay uncommitted (re-streamed later)
             await self._cancel(list(self._tasks))
             with contextlib.suppress(Exception):
@@ -208,24 +212,35 @@ class IngestWorker:
     async def _consume(self, stop: asyncio.Event) -> None:
         assert self._consumer is not None
         consumer = self._consumer
+        lag = metrics.LagTracker(STAGE)
+        lag_due = 0.0
         paused = False
-        while not stop.is_set():
-            if self._fatal is not None:
-                raise RuntimeError("a run failed to publish; see the log") from self._fatal
-            full = len(self._tasks) >= self.config.max_concurrent_runs
-            if full != paused:
-                # keep polling while full (so the group keeps us), but take no more runs
-                (consumer.pause if full else consumer.resume)(*consumer.assignment())
-                paused = full
-            free = max(1, self.config.max_concurrent_runs - len(self._tasks))
-            batches = await consumer.getmany(timeout_ms=200, max_records=free)
-            for tp, records in batches.items():
-                for record in records:
-                    self._take(tp, record)
-            await self._commit()
+        try:
+            while not stop.is_set():
+                if self._fatal is not None:
+                    raise RuntimeError("a run failed to publish; see the log") from self._fatal
+                if len(self._tasks) >= self.config.max_concurrent_runs:
+                    # keep polling while full (so the group keeps us), but take no more runs; paused
+                    # again every time because a rebalance hands over partitions unpaused
+                    consumer.pause(*consumer.assignment())
+                    paused = True
+                elif paused:
+                    consumer.resume(*consumer.assignment())
+                    paused = False
+                free = max(1, self.config.max_concurrent_runs - len(self._tasks))
+                batches = await consumer.getmany(timeout_ms=200, max_records=free)
+                for tp, records in batches.items():
+                    for record in records:
+                        self._take(tp, record)
+                await self._commit()
+                if time.monotonic() >= lag_due:
+                    lag_due = time.monotonic() + 1.0
+                    await lag.update(consumer, consumer.assignment())
+        finally:
+            lag.clear()
 
     def _take(self, tp: TopicPartition, record: Any) -> None:
-        EVENTS_IN.labels(stage=STAGE).inc()
+        metrics.record_event(STAGE)
         progress = self._progress.setdefault(tp, _PartitionProgress())
         try:
             request = avro.decode(record.value, topic=record.topic, partition=record.partition, offset=record.offset)
