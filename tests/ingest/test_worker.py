@@ -405,3 +405,29 @@ async def test_multi_attempt_fixture_is_a_disconnect_then_a_fresh_attempt(harnes
     assert [(m.event, m.data) for m in messages] == expected_messages(WIRE[:boundary])
     assert (end.reason, end.incomplete_message, end.will_retry) == ("transport_disconnect", True, True)
     assert_fresh_second_attempt(attempts[0], attempts[1])
+
+
+async def test_total_deadline_ends_the_attempt_and_is_not_retried(harness: Harness) -> None:
+    harness.start_worker(timeouts=StreamTimeouts(connect_s=2.0, idle_s=5.0, total_s=0.4))
+    run_id = await harness.submit(harness.upstream.url(f"{ROUTE}/tool.sse", chunk=32, delay_ms=40, key="rtotal"))
+    records = await harness.records(run_id)
+    assert len(split(records)) == 1  # the budget is spent: a retry would only spend another
+    _, messages, end = assert_attempt_shape(records)
+    assert end.reason == "transport_total_timeout" and not end.will_retry
+    assert 0 < end.bytes_received < len(WIRE)
+    got = [(m.event, m.data) for m in messages]
+    # a prefix: the deadline may fall between publishing two messages of the last chunk
+    assert got and got == expected_messages(WIRE[:end.bytes_received])[:len(got)]
+
+
+async def test_a_decoder_limit_ends_the_attempt_classified(harness: Harness) -> None:
+    longest = max(len(line) for line in WIRE.split(b"\n"))
+    harness.start_worker(max_line_bytes=longest - 1)
+    run_id = await harness.submit(harness.upstream.url(f"{ROUTE}/tool.sse", key="rlimit"))
+    records = await harness.records(run_id)
+    assert len(split(records)) == 1  # the same bytes would break the same limit again
+    _, messages, end = assert_attempt_shape(records)
+    assert end.reason == "sse_line_too_long" and not end.will_retry
+    first_long = next(i for i, line in enumerate(WIRE.split(b"\n")) if len(line) == longest)
+    before = b"\n".join(WIRE.split(b"\n")[:first_long])
+    assert [(m.event, m.data) for m in messages] == expected_messages(before[:before.rfind(b"\n\n") + 2])
