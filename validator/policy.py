@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from callgate.errors import PolicyError, Reason
+from callgate.hosts import host_allowed
 
 from validator.strict_json import FrozenDict, freeze, thaw
 
@@ -451,19 +452,9 @@ class Policy:
             raise deny(Reason.HOST_NOT_ALLOWED, "port") from None
         if port is not None and port != _DEFAULT_PORTS.get(scheme) and port not in self.http_ports:
             raise deny(Reason.HOST_NOT_ALLOWED, "port")
-        if not _host_allowed(host, self.http_hosts):
+        if not host_allowed(host, self.http_hosts):
             raise deny(Reason.HOST_NOT_ALLOWED, "host_not_allowlisted")
         return url
-
-
-def _host_allowed(host: str, allowed: Iterable[str]) -> bool:
-    for entry in allowed:
-        if entry.startswith("*."):
-            if host.endswith(entry[1:]) and host != entry[2:]:
-                return True
-        elif host == entry:
-            return True
-    return False
 
 
 def _option_matches(arg: str, denied: str) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from callgate.errors import ExecutionError, Reason
+from callgate.hosts import host_allowed
 from callgate.states import ItemState
 from executor.tools.base import ToolContext, ToolOutcome
 
@@ -29,17 +30,6 @@ def checked_url(url: str, allowed_hosts: frozenset[str]) -> httpx.URL:
     if not host_allowed(parsed.host.lower().rstrip("."), allowed_hosts):
         raise ExecutionError(Reason.HOST_NOT_ALLOWED, "host not in allowlist")
     return parsed
-
-
-def host_allowed(host: str, allowed_hosts: frozenset[str]) -> bool:
-    """Exact names, or "*.example.com" for strict subdomains (the policy file's syntax)."""
-    for entry in (h.lower().rstrip(".") for h in allowed_hosts):
-        if entry.startswith("*."):
-            if host.endswith(entry[1:]) and host != entry[2:]:
-                return True
-        elif host == entry:
-            return True
-    return False
 
 
 def http_request(args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:

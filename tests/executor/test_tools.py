@@ -360,7 +360,7 @@ def test_read_for_digest(ws: Path) -> None:
 
 
 def test_host_allowed_wildcards() -> None:
-    from executor.tools.http import host_allowed
+    from callgate.hosts import host_allowed
 
     allowed = frozenset({"*.example.com", "api.test"})
     assert host_allowed("a.example.com", allowed) and host_allowed("api.test", allowed)
