@@ -408,8 +408,8 @@ async def test_multi_attempt_fixture_is_a_disconnect_then_a_fresh_attempt(harnes
 
 
 async def test_total_deadline_ends_the_attempt_and_is_not_retried(harness: Harness) -> None:
-    harness.start_worker(timeouts=StreamTimeouts(connect_s=2.0, idle_s=5.0, total_s=0.4))
-    run_id = await harness.submit(harness.upstream.url(f"{ROUTE}/tool.sse", chunk=32, delay_ms=40, key="rtotal"))
+    harness.start_worker(timeouts=StreamTimeouts(connect_s=2.0, idle_s=5.0, total_s=0.6))
+    run_id = await harness.submit(harness.upstream.url(f"{ROUTE}/tool.sse", chunk=16, delay_ms=10, key="rtotal"))
     records = await harness.records(run_id)
     assert len(split(records)) == 1  # the budget is spent: a retry would only spend another
     _, messages, end = assert_attempt_shape(records)
