@@ -11,6 +11,7 @@ raises on provider input: data that is not a JSON object is a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from callgate.errors import Reason
@@ -41,6 +42,28 @@ def parse_object(data: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise Malformed("not_an_object")
     return value
+
+
+TypedHandler = Callable[[str, object, dict[str, Any]], list[Event]]
+
+
+def map_typed(event: str, data: str, handler: TypedHandler) -> list[Event]:
+    """Parse an event object tagged by its `type` and pass it to the route's handler.
+
+    The shape of both the Responses and the Messages protocols: malformed data,
+    or a field of the wrong shape found by the handler, is a classified
+    stream error named after the (sanitized) event type, never an exception.
+    """
+    try:
+        obj = parse_object(data)
+    except Malformed as exc:
+        return malformed(event, exc.code)
+    kind = obj.get("type", event)
+    name = safe_event_name(kind)
+    try:
+        return handler(name, kind, obj)
+    except Malformed as exc:
+        return malformed(name, exc.code)
 
 
 def malformed(provider_event: str, code: str) -> list[Event]:

@@ -25,10 +25,10 @@ from typing import Any
 
 from callgate.errors import Reason
 
-from normalizer.adapters.base import Malformed, malformed, mapping, parse_object, text
+from normalizer.adapters.base import map_typed, mapping, text
 from normalizer.events import (
     ArgumentDelta, Event, ItemFinished, ItemKind, ItemStarted, ResponseFinished, ResponseStarted,
-    StreamError, TextDelta, UnknownEvent, safe_code, safe_event_name,
+    StreamError, TextDelta, UnknownEvent, safe_code,
 )
 
 ROUTES = ("openai-responses", "cometapi-responses")
@@ -79,16 +79,7 @@ class OpenAIResponsesAdapter:
     def map(self, event: str, data: str) -> list[Event]:
         if data.strip() == "[DONE]":  # some compatible gateways end with it; the lifecycle already did
             return []
-        try:
-            obj = parse_object(data)
-        except Malformed as exc:
-            return malformed(event, exc.code)
-        kind = obj.get("type", event)
-        name = safe_event_name(kind)
-        try:
-            return self._map(name, kind, obj)
-        except Malformed as exc:
-            return malformed(name, exc.code)
+        return map_typed(event, data, self._map)
 
     def _map(self, name: str, kind: object, obj: dict[str, Any]) -> list[Event]:
         if kind == "response.function_call_arguments.delta":
