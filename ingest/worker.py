@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import CommitFailedError, KafkaError, MessageSizeTooLargeError
 
 from callgate import avro
 from callgate.errors import Reason, RecordError
@@ -49,11 +49,19 @@ from callgate.records import AttemptStarted, RawSseMessage, RunRequest, Transpor
 from callgate.settings import Settings
 from callgate.topics import TopicNames
 from ingest.attempt import AttemptOutcome, Decision, Retry, RetryPolicy, new_attempt_id, parse_retry_after
-from ingest.decoder import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_MESSAGE_BYTES, SseDecoder, SseLimitExceeded
+from ingest.decoder import SseDecoder, SseLimitExceeded
 
 STAGE = "ingest"
 log = get_logger("callgate.ingest")
 UNREGISTERED_ADAPTER = "unregistered"
+# One SSE message becomes one Kafka record, and the broker refuses records over message.max.bytes
+# (1 MiB by default). A bigger message must end the attempt as classified, not fail the producer:
+# a run whose publish fails stays uncommitted and would be re-streamed into the same failure forever.
+RECORD_SAFE_MESSAGE_BYTES = 900 * 1024
+
+
+class _RecordTooLarge(Exception):
+    pass
 
 
 def _now_ms() -> int:
@@ -88,8 +96,8 @@ class IngestConfig:
     max_concurrent_runs: int = 8
     timeouts: StreamTimeouts = StreamTimeouts()
     policy: RetryPolicy = RetryPolicy()
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_line_bytes: int = RECORD_SAFE_MESSAGE_BYTES
+    max_message_bytes: int = RECORD_SAFE_MESSAGE_BYTES
     worker_id: str = ""
     metrics_port: int | None = None  # serve /metrics on 127.0.0.1 when set (0: any free port)
 
@@ -368,11 +376,14 @@ class IngestWorker:
         async def publish_messages(messages: list[Any], at_ms: int) -> None:
             nonlocal seq
             for message in messages:
-                await publish(RawSseMessage(
-                    run_id=request.run_id, attempt_id=attempt_id, seq=seq, route=request.route,
-                    adapter_version=version, received_at=at_ms, event=message.event, data=message.data,
-                    last_event_id=message.last_event_id or None, retry_ms=message.retry,
-                ))
+                try:
+                    await publish(RawSseMessage(
+                        run_id=request.run_id, attempt_id=attempt_id, seq=seq, route=request.route,
+                        adapter_version=version, received_at=at_ms, event=message.event, data=message.data,
+                        last_event_id=message.last_event_id or None, retry_ms=message.retry,
+                    ))
+                except MessageSizeTooLargeError as exc:  # over the producer's max_request_size
+                    raise _RecordTooLarge from exc
                 seq += 1
 
         headers = {"Accept": "text/event-stream", **auth_headers(request, self.env)}
@@ -401,6 +412,8 @@ class IngestWorker:
                                 break
                             if messages:
                                 await publish_messages(messages, _now_ms())
+        except _RecordTooLarge:
+            reason = Reason.SSE_MESSAGE_TOO_LARGE
         except TimeoutError:
             reason = Reason.TRANSPORT_TOTAL_TIMEOUT
         except httpx.ReadTimeout:

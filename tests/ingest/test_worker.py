@@ -431,3 +431,20 @@ async def test_a_decoder_limit_ends_the_attempt_classified(harness: Harness) -> 
     first_long = next(i for i, line in enumerate(WIRE.split(b"\n")) if len(line) == longest)
     before = b"\n".join(WIRE.split(b"\n")[:first_long])
     assert [(m.event, m.data) for m in messages] == expected_messages(before[:before.rfind(b"\n\n") + 2])
+
+
+async def test_a_message_too_big_for_one_record_ends_the_attempt_instead_of_failing_the_worker(
+    harness: Harness,
+) -> None:
+    big = b"event: a\ndata: small\n\nevent: b\ndata: " + b"x" * 1_200_000 + b"\n\nevent: c\ndata: after\n\n"
+    (harness.upstream.fixtures_root / ROUTE / "big.sse").write_bytes(big)
+    worker = harness.start_worker(max_line_bytes=4 << 20, max_message_bytes=4 << 20)  # past what Kafka takes
+    run_id = await harness.submit(harness.upstream.url(f"{ROUTE}/big.sse", key="rbig"))
+    records = await harness.records(run_id)
+    _, messages, end = assert_attempt_shape(records)
+    assert [m.data for m in messages] == ["small"]
+    assert end.reason == "sse_message_too_large" and not end.will_retry
+    # and the worker carries on with the next run
+    second = await harness.submit(harness.upstream.url(f"{ROUTE}/tool.sse"))
+    assert assert_attempt_shape(await harness.records(second))[2].reason == "transport_eof"
+    assert worker.runs_finished >= 1
