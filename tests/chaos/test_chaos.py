@@ -37,6 +37,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import time
 import uuid
@@ -246,12 +247,21 @@ async def _settle(pipeline: Pipeline, chaos: Chaos, timeout_s: float) -> list[Ou
 
 
 class RenameWatch:
-    """inotify IN_MOVED_TO on one directory: write_file ends each execution with one rename onto its target."""
+    """inotify on one directory: write_file ends each execution with one rename of a unique temp file onto its target.
+
+    The rename is counted by its IN_MOVED_FROM event, whose name (the temp file,
+    `.<target>.<16 hex>.callgate-tmp`) is unique per execution. IN_MOVED_TO would
+    name the target, and the kernel merges consecutive identical unread events
+    (it does not compare rename cookies), so two writes of one target in quick
+    succession would count as one.
+    """
+
+    _TEMP = re.compile(r"^\.(?P<target>.+)\.[0-9a-f]{16}\.callgate-tmp$")
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._inotify = inotify_simple.INotify()
-        self._inotify.add_watch(directory, inotify_simple.flags.MOVED_TO)
+        self._inotify.add_watch(directory, inotify_simple.flags.MOVED_FROM)
         self.counts: Counter = Counter()
         self.overflowed = False
 
@@ -260,8 +270,8 @@ class RenameWatch:
             for event in events:
                 if event.mask & inotify_simple.flags.Q_OVERFLOW:
                     self.overflowed = True
-                elif event.mask & inotify_simple.flags.MOVED_TO:
-                    self.counts[event.name] += 1
+                elif event.mask & inotify_simple.flags.MOVED_FROM and (match := self._TEMP.match(event.name)):
+                    self.counts[match["target"]] += 1
         return self.counts
 
     def close(self) -> None:
