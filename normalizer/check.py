@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from callgate.records import AttemptStarted, AuditRecord, DeadLetter, RawSseMessage, TerminalItem, TransportEnd
 from callgate.errors import Reason
@@ -27,9 +28,12 @@ from ingest.decoder import SseDecoder, SseLimitExceeded
 
 from normalizer.accumulator import Limits, Output, RetainedBuffer, RunAccumulator
 from normalizer.adapters import adapter_version
-from validator.core import RunState, Validator
-from validator.policy import PolicySet
-from validator.registry import ToolRegistry
+
+if TYPE_CHECKING:
+    from validator.core import RunState, Validator
+
+# The validator cores are imported where `check` runs, not when the CLI is built: its
+# format checker compiles URI grammars (~1 s) that no worker but the validator needs.
 
 DEFAULT_TOOLS = REPO_ROOT / "schemas" / "tools"
 DEFAULT_POLICY = REPO_ROOT / "policies" / "demo.toml"
@@ -88,6 +92,8 @@ def run_check(
     run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
     tools = sorted(validator.registry.names) if tool_set is None else tool_set
     policy = policy_id or (sorted(validator.policies.ids)[0] if validator.policies.ids else "")
+    from validator.core import RunState
+
     accumulator = RunAccumulator(run_id, limits=limits)
     state = RunState(run_id)
     rows: list[dict] = []
@@ -131,6 +137,10 @@ def _row(out: Output, validator: Validator, state: RunState) -> dict | None:
 
 
 def load_validator(tools: Path, policy: Path) -> Validator:
+    from validator.core import Validator
+    from validator.policy import PolicySet
+    from validator.registry import ToolRegistry
+
     return Validator(ToolRegistry.load_dir(tools), PolicySet.load(policy))
 
 
