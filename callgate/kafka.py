@@ -62,7 +62,9 @@ The processor protocol (what a stage supplies):
   processor will emit it again.
 
 Per batch and partition: begin, send the offsets with the metadata (before the
-records: the workaround for aiokafka #1004), send the outputs, commit. On any
+records: the workaround for aiokafka #1004), send the outputs, commit. A batch
+is processed partition by partition, then the partitions' transactions commit
+concurrently (one producer each, so their round trips overlap). On any
 failure: abort, drop the processor and producer, and rebuild both from what
 committed (immediately, then with backoff): nothing is half-applied, so a
 read_committed reader sees each input's outputs exactly once. A dead aiokafka
@@ -494,20 +496,34 @@ class TransactionalStage:
             fresh = [r for r in records if r.offset >= start]
             if fresh:
                 per_partition.setdefault(tp.partition, []).append(fresh)
+        ready: list[tuple[int, _Owned, list[Output], dict[TopicPartition, int], int]] = []
         for partition, per_topic in per_partition.items():
             owned = self._owned[partition]
             advanced = {TopicPartition(rs[0].topic, partition): rs[-1].offset + 1 for rs in per_topic}
             records = list(heapq.merge(*per_topic, key=lambda r: r.timestamp))
             try:
                 outputs = owned.processor.process(records)
-                await self._commit(owned, outputs, advanced)
             except Exception as exc:  # noqa: BLE001 - any failure means: rebuild from committed
                 log.warning("transaction failed", stage=self.group_id, partition=partition,
                             error_class=type(exc).__name__, records=len(records))
                 await self._drop(partition, exc)
                 continue
-            if self.on_batch is not None:
-                self.on_batch(partition, len(records))
+            ready.append((partition, owned, outputs, advanced, len(records)))
+        # Each partition has its own producer and transaction, so their round trips
+        # overlap: a batch costs its slowest commit, not the sum of them.
+        results = await asyncio.gather(
+            *(self._commit(owned, outputs, advanced) for _, owned, outputs, advanced, _ in ready),
+            return_exceptions=True,
+        )
+        for (partition, _, _, _, count), result in zip(ready, results):
+            if isinstance(result, Exception):
+                log.warning("transaction failed", stage=self.group_id, partition=partition,
+                            error_class=type(result).__name__, records=count)
+                await self._drop(partition, result)
+            elif isinstance(result, BaseException):
+                raise result  # cancellation: not a failed transaction
+            elif self.on_batch is not None:
+                self.on_batch(partition, count)
 
     async def _tick(self) -> None:
         now_ms = int(time.time() * 1000)
