@@ -398,9 +398,11 @@ class TransactionalStage:
         assert self._consumer is not None
         tps = [TopicPartition(topic, partition) for topic in self.input_topics]
         # aiokafka backs off retry_backoff_ms (default 100) whenever the broker answers
-        # CONCURRENT_TRANSACTIONS, which it does to nearly every AddPartitionsToTxn that
-        # follows a commit at once: 100 ms per batch and stage. 20 ms is the Java client's choice.
-        options = {"retry_backoff_ms": 20, **self.producer_options}
+        # CONCURRENT_TRANSACTIONS, which it does to the AddOffsetsToTxn of a transaction that
+        # begins before the previous one's markers are written: at light load, most batches.
+        # The markers take a few ms here; 20 ms retries made that a 20-25 ms p90 step per
+        # stage, 5 ms retries a ~10 ms one (bench/latency_trace.py), for more broker requests.
+        options = {"retry_backoff_ms": 5, **self.producer_options}
         producer = await make_producer(
             self.bootstrap, transactional_id=self.transactional_id(partition), **options
         )
