@@ -127,6 +127,7 @@ log = get_logger("callgate.kafka")
 
 TOPIC_ALREADY_EXISTS = 36
 RETRY_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
+STAGE_RETRY_BACKOFF_MS = 5  # the stage producers' retry_backoff_ms; see TransactionalStage._acquire
 
 
 class TopicMissing(ValueError):
@@ -402,7 +403,7 @@ class TransactionalStage:
         # begins before the previous one's markers are written: at light load, most batches.
         # The markers take a few ms here; 20 ms retries made that a 20-25 ms p90 step per
         # stage, 5 ms retries a ~10 ms one (bench/latency_trace.py), for more broker requests.
-        options = {"retry_backoff_ms": 5, **self.producer_options}
+        options = {"retry_backoff_ms": STAGE_RETRY_BACKOFF_MS, **self.producer_options}
         producer = await make_producer(
             self.bootstrap, transactional_id=self.transactional_id(partition), **options
         )
