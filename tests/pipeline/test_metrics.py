@@ -144,6 +144,8 @@ async def test_validator_endpoint_counts_decisions_latency_and_lag(kafka_bootstr
     base_trailing = sample("callgate_items_total", stage="validator", state="REJECTED", reason="trailing_data")
     base_events = sample("callgate_events_in_total", stage="validator")
     base_latency = sample("callgate_decision_latency_seconds_count", stage="validator")
+    # earlier tests in the session may have observed any latency: compare each series with its own start
+    base_le_60 = sample("callgate_decision_latency_seconds_bucket", stage="validator", le="60.0")
 
     producer = await make_producer(kafka_bootstrap)
     try:
@@ -189,7 +191,7 @@ async def test_validator_endpoint_counts_decisions_latency_and_lag(kafka_bootstr
     assert scraped[latency_count] == base_latency + 2
     # the items were written just before the worker started: well under a minute, so not in +Inf only
     le_60 = ("callgate_decision_latency_seconds_bucket", frozenset({("stage", "validator"), ("le", "60.0")}))
-    assert scraped[le_60] >= base_latency + 2
+    assert scraped[le_60] == base_le_60 + 2
     # lag series for every owned input partition, and the stage's labels are closed sets
     lag_topics = {dict(labels)["topic"] for (name, labels) in scraped if name == "callgate_consumer_lag_records"
                   and dict(labels)["stage"] == "validator"}
