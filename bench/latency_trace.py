@@ -42,13 +42,10 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE))
 import pipeline as bp  # noqa: E402  bench/pipeline.py (which takes bench/ off sys.path again)
 
-from aiokafka import TopicPartition  # noqa: E402
 
-from callgate import avro  # noqa: E402
 from callgate.broker import LocalBroker, free_port  # noqa: E402
-from callgate.kafka import create_topics, make_consumer, make_producer  # noqa: E402
+from callgate.kafka import create_topics  # noqa: E402
 from callgate.pipeline import write_policies  # noqa: E402
-from callgate.records import ApprovedCall  # noqa: E402
 from callgate.supervise import WorkerProcess  # noqa: E402
 from callgate.topics import TopicNames  # noqa: E402
 
@@ -56,56 +53,14 @@ from callgate.topics import TopicNames  # noqa: E402
 async def offered(bootstrap: str, topics: TopicNames, runs: list, rate: float, concurrency: int) -> list[dict]:
     """bench/pipeline.py's latency pass, keeping each terminal record's offset and each approval's offset."""
     sent: dict[tuple[str, str], tuple[float, object]] = {}
-    seen: dict[tuple[str, str], tuple[float, int, int]] = {}
-    expected = {(run.run_id, item) for run in runs for item in run.terminals.values()}
-    watcher = await make_consumer(bootstrap, group_id=None, fetch_max_wait_ms=20)
-    tps = [TopicPartition(topics.calls_approved, p) for p in range(bp.PARTITIONS)]
-    watcher.assign(tps)
-    await watcher.seek_to_end(*tps)
-    for tp in tps:
-        await watcher.position(tp)
-    done = asyncio.Event()
 
-    async def watch() -> None:
-        while not done.is_set():
-            batch = await watcher.getmany(timeout_ms=100)
-            now = time.perf_counter()
-            for records in batch.values():
-                for r in records:
-                    call = avro.decode(r.value)
-                    if isinstance(call, ApprovedCall):
-                        seen.setdefault((call.run_id, call.item_id), (now, r.partition, r.offset))
+    def on_sent(run, at: int, t_send: float, future) -> None:
+        if at in run.terminals:
+            sent[(run.run_id, run.terminals[at])] = (t_send, future)
 
-    watching = asyncio.create_task(watch())
-    producer = await make_producer(bootstrap, linger_ms=0)
-    try:
-        queue, active, started, count = list(runs), [], time.perf_counter(), 0
-        while queue or active:
-            while len(active) < concurrency and queue:
-                active.append((queue.pop(0), 0))
-            due = int((time.perf_counter() - started) * rate) + 1
-            while count < due and active:
-                run, at = active.pop(0)
-                at_send = time.perf_counter()
-                future = await producer.send(topics.sse_raw, avro.encode(run.records[at]), key=run.run_id.encode())
-                if at in run.terminals:
-                    sent[(run.run_id, run.terminals[at])] = (at_send, future)
-                count += 1
-                if at + 1 < len(run.records):
-                    active.append((run, at + 1))
-            await asyncio.sleep(0.002)  # pacing the offered load, not synchronisation
-        print(f"offered {count / (time.perf_counter() - started):,.0f} ev/s", file=sys.stderr)
-        await producer.flush()
-        deadline = time.monotonic() + 60
-        while not expected <= set(seen) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)  # the approved records arriving, under a deadline
-    finally:
-        done.set()
-        await watching
-        await producer.stop()
-        await watcher.stop()
+    seen = await bp.offer_and_watch(bootstrap, topics, runs, rate, concurrency, on_sent)
     rows = []
-    for key in expected & set(seen):
+    for key in set(seen) & set(sent):
         at_send, future = sent[key]
         meta = future.result()
         rows.append({"t_send": at_send, "p": meta.partition, "o": meta.offset,

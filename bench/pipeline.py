@@ -44,6 +44,7 @@ import tempfile
 import time
 import tracemalloc
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -218,10 +219,20 @@ async def passthrough(bootstrap: str, source: str, sink: str, total: int, *, tra
 # ------------------------------------------------------------------ (b) latency
 
 
-async def latency(bootstrap: str, topics: TopicNames, runs: list[Run], rate: float, concurrency: int) -> list[float]:
-    """Offer `rate` events/s over `concurrency` interleaved runs; ms from terminal send to approved seen."""
-    sent_at: dict[tuple[str, str], float] = {}
-    seen_at: dict[tuple[str, str], float] = {}
+Seen = dict[tuple[str, str], tuple[float, int, int]]  # (run, item) -> (perf_counter, partition, offset)
+OnSent = Callable[[Run, int, float, "asyncio.Future"], None]
+
+
+async def offer_and_watch(
+    bootstrap: str, topics: TopicNames, runs: list[Run], rate: float, concurrency: int, on_sent: OnSent
+) -> Seen:
+    """Offer `rate` events/s over `concurrency` interleaved runs; when each approved call becomes visible.
+
+    `on_sent(run, index, t_send, future)` is told of every record sent. The
+    approved records are watched by a read_committed consumer, as an executor
+    would see them.
+    """
+    seen: Seen = {}
     expected = {(run.run_id, item) for run in runs if run.approvable for item in run.terminals.values()}
     watcher = await make_consumer(bootstrap, group_id=None, fetch_max_wait_ms=20)
     tps = [TopicPartition(topics.calls_approved, p) for p in range(PARTITIONS)]
@@ -239,7 +250,7 @@ async def latency(bootstrap: str, topics: TopicNames, runs: list[Run], rate: flo
                 for r in records:
                     call = avro.decode(r.value)
                     if isinstance(call, ApprovedCall):
-                        seen_at.setdefault((call.run_id, call.item_id), now)
+                        seen.setdefault((call.run_id, call.item_id), (now, r.partition, r.offset))
 
     watching = asyncio.create_task(watch())
     producer = await make_producer(bootstrap, linger_ms=0)
@@ -255,27 +266,39 @@ async def latency(bootstrap: str, topics: TopicNames, runs: list[Run], rate: flo
             due = int((time.perf_counter() - started) * rate) + 1
             while sent < due and active:
                 run, at = active.pop(0)
-                record = run.records[at]
-                if at in run.terminals:
-                    sent_at[(run.run_id, run.terminals[at])] = time.perf_counter()
-                await producer.send(topics.sse_raw, avro.encode(record), key=run.run_id.encode())
+                t_send = time.perf_counter()
+                future = await producer.send(topics.sse_raw, avro.encode(run.records[at]), key=run.run_id.encode())
+                on_sent(run, at, t_send, future)
                 sent += 1
                 if at + 1 < len(run.records):
                     active.append((run, at + 1))
             await asyncio.sleep(0.002)  # pacing the offered load, not synchronisation
+        print(f"offered {sent / (time.perf_counter() - started):,.0f} ev/s", file=sys.stderr)
         await producer.flush()
         deadline = time.monotonic() + 60
-        while not expected <= set(seen_at) and time.monotonic() < deadline:
+        while not expected <= set(seen) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)  # the approved records arriving, under a deadline
     finally:
         done.set()
         await watching
         await producer.stop()
         await watcher.stop()
-    missing = expected - set(seen_at)
+    missing = expected - set(seen)
     if missing:
         print(f"warning: {len(missing)} approved calls not seen within the deadline", file=sys.stderr)
-    return sorted((seen_at[k] - sent_at[k]) * 1000 for k in expected if k in seen_at and k in sent_at)
+    return {k: v for k, v in seen.items() if k in expected}
+
+
+async def latency(bootstrap: str, topics: TopicNames, runs: list[Run], rate: float, concurrency: int) -> list[float]:
+    """Ms from a terminal record's send to its approved record being visible."""
+    sent_at: dict[tuple[str, str], float] = {}
+
+    def on_sent(run: Run, at: int, t_send: float, _future) -> None:
+        if at in run.terminals:
+            sent_at[(run.run_id, run.terminals[at])] = t_send
+
+    seen = await offer_and_watch(bootstrap, topics, runs, rate, concurrency, on_sent)
+    return sorted((seen[k][0] - sent_at[k]) * 1000 for k in seen if k in sent_at)
 
 
 # ------------------------------------------------------------------ (d) memory
