@@ -98,7 +98,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import ProducerFenced, for_code
+from aiokafka.errors import KafkaConnectionError, ProducerFenced, for_code
 from aiokafka.structs import OffsetAndMetadata
 
 from callgate.logging import get_logger
@@ -347,6 +347,7 @@ class TransactionalStage:
         self._fenced: set[int] = set()  # another owner took it; wait for the next assignment
         self.commits = 0  # committed transactions, for tests and metrics
         self.builds = 0  # processors made by the factory
+        self.start_attempts = 0  # tries to reach the broker and find the inputs at start
         # consumer lag per owned input partition, refreshed every tick; no stage name, no lag series
         stage = metrics_stage or stage_of(group_id)
         self._lag = LagTracker(stage) if stage is not None else None
@@ -547,6 +548,28 @@ class TransactionalStage:
         if len(set(counts.values())) > 1:
             raise ValueError(f"input topics must have equal partition counts: {counts}")
 
+    async def _start(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> bool:
+        """Start once the broker answers and the inputs exist.
+
+        A broker that is down or restarting, or topics not provisioned yet, are
+        waited for (with a warning each try) rather than fatal, so a worker
+        started beside its broker does not need a supervisor to come up.
+        """
+        delay = 0.5
+        while not stop.is_set():
+            self.start_attempts += 1
+            try:
+                await self._check_copartitioned()
+                await consumer.start()
+                return True
+            except (KafkaConnectionError, TopicMissing) as exc:
+                log.warning("broker or input topics not ready at start; retrying", stage=self.group_id,
+                            error_class=type(exc).__name__)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(delay * 2, 5.0)
+        return False
+
     async def run(self, stop: asyncio.Event) -> None:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
@@ -557,8 +580,8 @@ class TransactionalStage:
             partition_assignment_strategy=(RangePartitionAssignor,),
             **self.consumer_options,
         )
-        await self._check_copartitioned()
-        await consumer.start()
+        if not await self._start(consumer, stop):
+            return
         self._consumer = consumer
         try:
             consumer.subscribe(self.input_topics, listener=_Listener(self))

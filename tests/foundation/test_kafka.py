@@ -314,3 +314,41 @@ async def test_partition_reader_replays_committed_records_only(kafka_bootstrap, 
     replayed = await PartitionReader(kafka_bootstrap).read(tp, 0, 10_000, timeout_s=20)
     assert [r.value for r in replayed] == [b"a0", b"a1", b"a2", b"b0"]
     assert [r.value for r in await PartitionReader(kafka_bootstrap).read(tp, 1, 3)] == [b"a1", b"a2"]
+
+
+async def test_a_stage_started_before_its_broker_and_topics_waits_for_them(tmp_path) -> None:
+    from callgate.broker import LocalBroker, free_port
+
+    broker = LocalBroker(state_dir=tmp_path / "late-kafka", port=free_port())
+    names = TopicNames(f"t{uuid.uuid4().hex[:10]}")
+    stage = TransactionalStage(bootstrap=broker.address, group_id=f"g-{uuid.uuid4().hex[:8]}",
+                               input_topics=[names.sse_raw], factory=counter_factory(names.items),
+                               transactional_prefix="late")
+    stop = asyncio.Event()
+    task = asyncio.create_task(stage.run(stop))
+
+
+    async def tried(times: int) -> None:
+        async with asyncio.timeout(30):
+            while stage.start_attempts < times:
+                assert not task.done(), "the stage gave up instead of waiting"
+                await asyncio.sleep(0.05)  # polling a condition under a deadline
+
+    try:
+        await tried(2)  # no broker yet: it retries
+        await asyncio.to_thread(broker.start)
+        await tried(stage.start_attempts + 2)  # a broker, but no input topics yet: it retries
+        assert not task.done()
+        await create_topics(broker.address, names, partitions=1)
+        producer = await make_producer(broker.address)
+        try:
+            for i in range(3):
+                await producer.send_and_wait(names.sse_raw, f"m{i}".encode(), key=b"run")
+        finally:
+            await producer.stop()
+        out = await read_topic(broker.address, names.items, until=lambda r: len(r) >= 3, timeout_s=60)
+        assert sorted(r.value for r in out) == [b"m0|1", b"m1|2", b"m2|3"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+        await asyncio.to_thread(broker.stop)
