@@ -215,9 +215,28 @@ async def create_topics(bootstrap: str, names: TopicNames, partitions: int = 6) 
                 created.append(topic)
             elif code != TOPIC_ALREADY_EXISTS:  # a concurrent creator won the race: fine
                 raise for_code(code)(f"creating topic {topic}")
+        await _wait_for_leaders(admin, [spec.name for spec in wanted], partitions)
         return created
     finally:
         await admin.close()
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str], partitions: int,
+                            timeout_s: float = 30.0) -> None:
+    """Return once every partition of the new topics has a leader, so first clients see no NotLeader errors."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        described = await admin.describe_topics(topics)
+        ready = [
+            t for t in described
+            if t["error_code"] == 0 and len(t["partitions"]) == partitions
+            and all(p["error_code"] == 0 and p["leader"] >= 0 for p in t["partitions"])
+        ]
+        if len(ready) == len(topics):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(topics) - len(ready)} new topics have no partition leaders after {timeout_s}s")
+        await asyncio.sleep(0.1)  # polling metadata under a deadline
 
 
 async def delete_topics(bootstrap: str, names: TopicNames) -> None:
