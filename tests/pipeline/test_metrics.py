@@ -10,14 +10,13 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import SecretStr
 
 from callgate import metrics
 from callgate.avro import encode
 from callgate.kafka import make_producer
 from callgate.settings import Settings
 
-from tests.validator.helpers import item, make_workspace, write_policy
+from tests.validator.helpers import item, worker_settings
 
 KEY_HEX = "22" * 32
 
@@ -120,15 +119,7 @@ async def _scrape_until(client: httpx.AsyncClient, port: int, ready, timeout_s: 
 async def test_validator_endpoint_counts_decisions_latency_and_lag(kafka_bootstrap, topics, tmp_path) -> None:
     from validator.worker import run_validator
 
-    root = make_workspace(tmp_path)
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    write_policy(policies, root)
-    settings = Settings(
-        kafka_bootstrap=kafka_bootstrap, topic_namespace=topics.namespace,
-        signing_keys=SecretStr(f"k1:{KEY_HEX}"), signing_key_id="k1", policies_dir=policies,
-        metrics_port=0,
-    )
+    settings = worker_settings(kafka_bootstrap, topics.namespace, tmp_path, KEY_HEX, metrics_port=0)
     canary = f"CANARY{uuid.uuid4().hex}"
     now = metrics.wall_clock_ms()
     good = item("write_file", {"path": "src/canary.py", "content": canary}, run_id=f"run-{uuid.uuid4().hex}",

@@ -7,7 +7,10 @@ import os
 import uuid
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from callgate.records import TerminalItem
+from callgate.settings import Settings
 
 from validator.core import RunState, Validator
 from validator.policy import PolicySet, load_policy
@@ -80,6 +83,17 @@ def write_policy(base: Path, root: Path, *, cap: int = 1000, name: str = "test.t
     path = base / name
     path.write_text(POLICY_TOML.format(root=root, cap=cap))
     return path
+
+
+def worker_settings(kafka_bootstrap: str, namespace: str, base: Path, key_hex: str, **overrides) -> Settings:
+    """Settings for a validator worker in a test: a fresh workspace, the test policy, signing key `k1`."""
+    policies = base / "policies"
+    policies.mkdir()
+    write_policy(policies, make_workspace(base))
+    return Settings(
+        kafka_bootstrap=kafka_bootstrap, topic_namespace=namespace,
+        signing_keys=SecretStr(f"k1:{key_hex}"), signing_key_id="k1", policies_dir=policies, **overrides,
+    )
 
 
 def make_validator(policy_path: Path, **kw) -> Validator:

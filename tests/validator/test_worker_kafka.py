@@ -8,17 +8,15 @@ import asyncio
 import json
 
 import pytest
-from pydantic import SecretStr
 
 from callgate.avro import decode, encode
 from callgate.kafka import make_producer, read_topic
 from callgate.records import ApprovedCall, DeadLetter, PendingCall
-from callgate.settings import Settings
 from callgate.signing import verify
 from validator.cli import answer
 from validator.worker import run_validator
 
-from tests.validator.helpers import item, make_workspace, write_policy
+from tests.validator.helpers import item, worker_settings
 
 pytestmark = pytest.mark.kafka
 
@@ -41,15 +39,7 @@ BAD_SAMPLE = [
 
 
 async def test_corpus_sample_good_call_and_approvals(kafka_bootstrap, topics, tmp_path) -> None:
-    root = make_workspace(tmp_path)
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    write_policy(policies, root)
-    settings = Settings(
-        kafka_bootstrap=kafka_bootstrap, topic_namespace=topics.namespace,
-        signing_keys=SecretStr(f"k1:{KEY_HEX}"), signing_key_id="k1", policies_dir=policies,
-        approval_ttl_s=600,
-    )
+    settings = worker_settings(kafka_bootstrap, topics.namespace, tmp_path, KEY_HEX, approval_ttl_s=600)
     bad = [item(tool, raw, run_id=f"run-bad-{i}") for i, (tool, raw) in enumerate(BAD_SAMPLE)]
     good = item("write_file", {"path": "src/new.py", "content": "print(1)\n"}, run_id="run-good")
     to_approve = item("http_request", {"method": "GET", "url": "https://example.com/a"}, run_id="run-good")
@@ -111,14 +101,7 @@ async def test_corpus_sample_good_call_and_approvals(kafka_bootstrap, topics, tm
 
 
 async def test_pending_call_survives_a_restart(kafka_bootstrap, topics, tmp_path) -> None:
-    root = make_workspace(tmp_path)
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    write_policy(policies, root)
-    settings = Settings(
-        kafka_bootstrap=kafka_bootstrap, topic_namespace=topics.namespace,
-        signing_keys=SecretStr(f"k1:{KEY_HEX}"), signing_key_id="k1", policies_dir=policies,
-    )
+    settings = worker_settings(kafka_bootstrap, topics.namespace, tmp_path, KEY_HEX)
     call = item("http_request", {"method": "GET", "url": "https://example.com/r"}, run_id="run-restart")
     producer = await make_producer(kafka_bootstrap)
     try:
